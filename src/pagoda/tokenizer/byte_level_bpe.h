@@ -1,0 +1,50 @@
+// GPT-2 style byte-level BPE (GPT-2, Llama 3, Qwen2, SmolLM2): the pre-tokenizer cuts text into
+// words, each word's bytes are written as GPT-2's printable characters, and merges apply by
+// rank. Every byte has a base token, so any byte string encodes and decodes back exactly.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <string_view>
+#include <unordered_map>
+#include <vector>
+
+#include "pagoda/tokenizer/merge_table.h"
+#include "pagoda/tokenizer/pre_tokenizer.h"
+#include "pagoda/tokenizer/vocabulary.h"
+
+namespace pagoda {
+
+struct ByteLevelOptions {
+  bool add_prefix_space = false;  // a space before text that starts without one (ByteLevel's flag)
+  bool ignore_merges = false;     // a word that is itself a token is taken whole (Llama 3)
+};
+
+class ByteLevelBpe {
+ public:
+  ByteLevelBpe(const Vocabulary& vocab, MergeTable merges, PreTokenizer pre_tokenizer, ByteLevelOptions options);
+
+  // Appends the ids of `text` (plain text, no special tokens in it).
+  void encode(const Vocabulary& vocab, std::string_view text, std::vector<int32_t>& out) const;
+  // The bytes a token stands for; its piece as is when that is not in the byte alphabet.
+  std::string token_bytes(const Vocabulary& vocab, int32_t id) const;
+
+ private:
+  void encode_word(const Vocabulary& vocab, std::string_view word, std::vector<int32_t>& out) const;
+
+  MergeTable merges_;
+  PreTokenizer pre_tokenizer_;
+  ByteLevelOptions options_;
+  int32_t byte_token_[256];  // id of each byte's one-character token, -1 when the vocab lacks it
+
+  // Words repeat a lot in text; their ids are cached. Shared by copies, guarded for threads.
+  struct WordCache {
+    std::mutex mutex;
+    std::unordered_map<std::string, std::vector<int32_t>, StringHash, std::equal_to<>> ids;
+  };
+  std::shared_ptr<WordCache> cache_ = std::make_shared<WordCache>();
+};
+
+}  // namespace pagoda
