@@ -1,0 +1,86 @@
+#include "pagoda/attention/plan.h"
+
+#include <algorithm>
+
+#include "pagoda/core/error.h"
+
+namespace pagoda::attention {
+namespace {
+
+void validate(const DecodeBatch& batch, const AttentionShape& shape) {
+  if (shape.num_q_heads <= 0 || shape.num_kv_heads <= 0 || shape.head_dim <= 0 ||
+      shape.block_size <= 0 || shape.num_q_heads % shape.num_kv_heads != 0) {
+    fail(ErrorKind::kInvalidArgument,
+         "bad attention shape: {} q heads, {} kv heads, head dim {}, block size {}",
+         shape.num_q_heads, shape.num_kv_heads, shape.head_dim, shape.block_size);
+  }
+  if (batch.block_offsets.size() != batch.kv_lengths.size() + 1 || batch.block_offsets[0] != 0 ||
+      size_t(batch.block_offsets.back()) != batch.block_ids.size()) {
+    fail(ErrorKind::kInvalidArgument, "decode batch: {} block offsets for {} sequences and {} ids",
+         batch.block_offsets.size(), batch.kv_lengths.size(), batch.block_ids.size());
+  }
+  for (int32_t s = 0; s < batch.num_seqs(); ++s) {
+    const int32_t num_blocks = batch.block_offsets[size_t(s) + 1] - batch.block_offsets[size_t(s)];
+    const int32_t length = batch.kv_lengths[size_t(s)];
+    if (length < 0 || num_blocks < 0 ||
+        int64_t(num_blocks) * shape.block_size < int64_t(length)) {
+      fail(ErrorKind::kInvalidArgument, "decode batch: sequence {} has {} tokens in {} blocks of {}",
+           s, length, num_blocks, shape.block_size);
+    }
+  }
+}
+
+// Tokens per item, or 0 for no split. Splitting pays only when the batch alone cannot keep the
+// workers busy: then the KV is cut so that there are about as many items as workers.
+int32_t choose_chunk(const DecodeBatch& batch, const AttentionShape& shape,
+                     const DeviceInfo& device, const PlanOptions& options) {
+  const int64_t bs = shape.block_size;
+  if (!options.allow_split) return 0;
+  if (options.max_kv_tokens_per_item > 0) {
+    return int32_t(std::max<int64_t>(bs, options.max_kv_tokens_per_item / bs * bs));
+  }
+  const int64_t workers = std::max(device.num_workers, 1);
+  const int64_t units = int64_t(batch.num_seqs()) * shape.num_kv_heads;
+  if (units == 0 || units >= workers) return 0;
+  int64_t total_tokens = 0;
+  for (int32_t length : batch.kv_lengths) total_tokens += length;
+  total_tokens *= shape.num_kv_heads;
+  const int64_t per_worker = (total_tokens + workers - 1) / workers;
+  const int64_t chunk = std::max<int64_t>(per_worker, options.min_kv_tokens_per_item);
+  return int32_t(std::min<int64_t>((chunk + bs - 1) / bs * bs, INT32_MAX / bs * bs));
+}
+
+}  // namespace
+
+DecodePlan plan_decode(const DecodeBatch& batch, const AttentionShape& shape,
+                       const DeviceInfo& device, const PlanOptions& options) {
+  validate(batch, shape);
+  DecodePlan plan;
+  plan.kv_tokens_per_item = choose_chunk(batch, shape, device, options);
+  const int32_t chunk = plan.kv_tokens_per_item;
+  for (int32_t s = 0; s < batch.num_seqs(); ++s) {
+    const int32_t length = batch.kv_lengths[size_t(s)];
+    const int32_t first_block = batch.block_offsets[size_t(s)];
+    for (int32_t h = 0; h < shape.num_kv_heads; ++h) {
+      if (chunk == 0 || length <= chunk) {
+        plan.items.push_back({.seq = s, .kv_head = h, .block_begin = first_block,
+                              .token_begin = 0, .token_end = length, .partial = -1});
+        continue;
+      }
+      MergeTask merge{.seq = s, .kv_head = h, .partial_begin = plan.num_partials, .num_partials = 0};
+      for (int64_t begin = 0; begin < length; begin += chunk) {
+        plan.items.push_back({.seq = s, .kv_head = h,
+                              .block_begin = first_block + int32_t(begin / shape.block_size),
+                              .token_begin = int32_t(begin),
+                              .token_end = int32_t(std::min<int64_t>(length, begin + chunk)),
+                              .partial = plan.num_partials++});
+        ++merge.num_partials;
+      }
+      plan.merges.push_back(merge);
+    }
+  }
+  if (plan.merges.empty()) plan.kv_tokens_per_item = 0;
+  return plan;
+}
+
+}  // namespace pagoda::attention
