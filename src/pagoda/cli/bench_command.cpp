@@ -1,0 +1,172 @@
+// pagoda bench generate: prefill speed, batch-1 decode speed and batch-N aggregate decode speed,
+// each next to its bound: decode must read every weight byte (and its KV) once per step, so
+// bytes per step / measured memory bandwidth is the fastest a step can be.
+#include <omp.h>
+
+#include <chrono>
+#include <cstdio>
+#include <fstream>
+#include <memory>
+#include <random>
+#include <thread>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "pagoda/cli/commands.h"
+#include "pagoda/cli/session.h"
+#include "pagoda/core/error.h"
+
+namespace pagoda::cli {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double seconds_since(Clock::time_point start) { return std::chrono::duration<double>(Clock::now() - start).count(); }
+
+// Streaming-read bandwidth of main memory with all threads: the best of several passes over a
+// buffer far larger than the caches.
+double measure_read_bandwidth() {
+  const size_t n = size_t(256) << 20 >> 3;  // 256 MiB of doubles
+  std::unique_ptr<double[]> data(new double[n]);
+#pragma omp parallel for schedule(static)
+  for (size_t i = 0; i < n; ++i) data[i] = double(i & 7);
+  double best = 0, sink = 0;
+  for (int pass = 0; pass < 5; ++pass) {
+    const auto start = Clock::now();
+    double sum = 0;
+#pragma omp parallel for schedule(static) reduction(+ : sum)
+    for (size_t i = 0; i < n; ++i) sum += data[i];
+    best = std::max(best, double(n * sizeof(double)) / seconds_since(start));
+    sink += sum;
+  }
+  if (sink < 0) std::puts("");  // keeps the reads
+  return best;
+}
+
+std::vector<int32_t> synthetic_prompt(int32_t length, int32_t vocab, uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  std::vector<int32_t> ids(static_cast<size_t>(length));
+  for (auto& id : ids) id = int32_t(rng() % uint64_t(vocab));
+  return ids;
+}
+
+struct DecodeRun {
+  double prefill_seconds = 0;
+  double decode_seconds = 0;  // steps in which every request decodes
+  int64_t decode_tokens = 0;
+};
+
+// Runs `batch` requests of prompt_len synthetic tokens generating gen_len tokens each (greedy,
+// past EOS), all prompts prefilled in the first step.
+DecodeRun run_batch(Session& session, int32_t batch, int32_t prompt_len, int32_t gen_len, uint64_t seed) {
+  EngineOptions options = session.engine_options;
+  options.max_batch = batch;
+  options.max_step_tokens = batch * prompt_len;
+  Engine engine(*session.model, session.tokenizer, options);
+  for (int32_t b = 0; b < batch; ++b) {
+    SamplingParams params{.temperature = 0.f, .max_tokens = gen_len, .ignore_eos = true};
+    engine.submit({.prompt = synthetic_prompt(prompt_len, session.model->config().vocab_size, seed + uint64_t(b)),
+                   .params = params});
+  }
+  DecodeRun run;
+  auto start = Clock::now();
+  engine.step();  // every prompt, and the first token of each
+  run.prefill_seconds = seconds_since(start);
+  start = Clock::now();
+  while (engine.has_work()) run.decode_tokens += int64_t(engine.step().size());
+  run.decode_seconds = seconds_since(start);
+  return run;
+}
+
+std::string cpu_name() {
+  std::ifstream in("/proc/cpuinfo");
+  std::string line;
+  while (std::getline(in, line))
+    if (line.starts_with("model name")) return line.substr(line.find(':') + 2);
+  return "unknown CPU";
+}
+
+}  // namespace
+
+void register_bench(CLI::App& app) {
+  struct Flags {
+    ModelFlags model;
+    int prompt_tokens = 128;
+    int gen_tokens = 64;
+    int batch = 8;
+    std::string json_path;
+  };
+  auto flags = std::make_shared<Flags>();
+  CLI::App* bench = app.add_subcommand("bench", "benchmarks");
+  bench->require_subcommand(1);
+  CLI::App* cmd = bench->add_subcommand("generate", "prefill and decode speed against the memory-bandwidth bound");
+  add_model_flags(*cmd, flags->model);
+  cmd->add_option("--prompt-tokens", flags->prompt_tokens, "prompt length (default 128)");
+  cmd->add_option("--gen-tokens", flags->gen_tokens, "tokens generated per request (default 64)");
+  cmd->add_option("--batch", flags->batch, "requests decoded together in the batched run (default 8)");
+  cmd->add_option("--json", flags->json_path, "write the results as JSON to this file");
+  cmd->callback([flags] {
+    if (flags->prompt_tokens < 1 || flags->gen_tokens < 2 || flags->batch < 1 || flags->batch > 256)
+      fail(ErrorKind::kInvalidArgument, "--prompt-tokens >= 1, --gen-tokens >= 2 and --batch in [1, 256] please");
+    Session session(flags->model);
+    const ModelConfig& c = session.model->config();
+    if (flags->prompt_tokens + flags->gen_tokens > c.max_context)
+      fail(ErrorKind::kInvalidArgument, "prompt + generated tokens exceed the context of {}", c.max_context);
+
+    std::fprintf(stderr, "bench: measuring memory bandwidth...\n");
+    const double bandwidth = measure_read_bandwidth();
+    std::fprintf(stderr, "bench: warm-up...\n");
+    run_batch(session, 1, 16, 4, 1);
+    std::fprintf(stderr, "bench: batch 1...\n");
+    const DecodeRun single = run_batch(session, 1, flags->prompt_tokens, flags->gen_tokens, 7);
+    std::fprintf(stderr, "bench: batch %d...\n", flags->batch);
+    const DecodeRun batched = run_batch(session, flags->batch, flags->prompt_tokens, flags->gen_tokens, 11);
+
+    // Bytes a decode step must read: every weight once, plus each sequence's KV (f32) at its
+    // average length over the run.
+    const double weight_bytes = double(session.model->weight_bytes());
+    const double kv_bytes_per_token = double(c.num_layers) * 2 * c.kv_dim() * sizeof(float);
+    const double avg_context = flags->prompt_tokens + flags->gen_tokens / 2.0;
+    auto bound = [&](int batch) { return batch * bandwidth / (weight_bytes + batch * avg_context * kv_bytes_per_token); };
+    const double prefill_tps = flags->prompt_tokens / single.prefill_seconds;
+    const double single_tps = single.decode_tokens / single.decode_seconds;
+    const double batched_tps = batched.decode_tokens / batched.decode_seconds;
+
+    std::printf("pagoda bench generate: %s, %d threads, %s\n", cpu_name().c_str(), omp_get_max_threads(),
+                session.checkpoint.path().c_str());
+    std::printf("weights %.1f MB (%s), memory read bandwidth %.1f GB/s\n", weight_bytes / 1e6,
+                flags->model.weight_dtype.c_str(), bandwidth / 1e9);
+    std::printf("%-26s %12s %14s %10s\n", "", "tok/s", "bound tok/s", "of bound");
+    std::printf("%-26s %12.1f %14s %10s\n", ("prefill (" + std::to_string(flags->prompt_tokens) + " tokens)").c_str(),
+                prefill_tps, "-", "-");
+    std::printf("%-26s %12.1f %14.1f %9.0f%%\n", "decode, batch 1", single_tps, bound(1), 100 * single_tps / bound(1));
+    std::printf("%-26s %12.1f %14.1f %9.0f%%\n", ("decode, batch " + std::to_string(flags->batch)).c_str(),
+                batched_tps, bound(flags->batch), 100 * batched_tps / bound(flags->batch));
+
+    if (!flags->json_path.empty()) {
+      nlohmann::json j = {
+          {"benchmark", "generate"},
+          {"device", cpu_name()},
+          {"threads", omp_get_max_threads()},
+          {"model", session.checkpoint.path()},
+          {"weight_dtype", flags->model.weight_dtype},
+          {"weight_bytes", weight_bytes},
+          {"read_bandwidth_bytes_per_s", bandwidth},
+          {"prompt_tokens", flags->prompt_tokens},
+          {"gen_tokens", flags->gen_tokens},
+          {"prefill_tok_s", prefill_tps},
+          {"decode_batch1_tok_s", single_tps},
+          {"decode_batch1_bound_tok_s", bound(1)},
+          {"batch", flags->batch},
+          {"decode_batched_tok_s", batched_tps},
+          {"decode_batched_bound_tok_s", bound(flags->batch)},
+          {"bound", "bytes per decode step (weights + KV at mean context) / measured read bandwidth"},
+      };
+      std::ofstream(flags->json_path) << j.dump(2) << "\n";
+      std::fprintf(stderr, "bench: wrote %s\n", flags->json_path.c_str());
+    }
+  });
+}
+
+}  // namespace pagoda::cli

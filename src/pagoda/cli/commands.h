@@ -1,0 +1,12 @@
+// The pagoda subcommands; each registers itself on the top-level app.
+#pragma once
+
+#include <CLI/CLI.hpp>
+
+namespace pagoda::cli {
+
+void register_generate(CLI::App& app);
+void register_chat(CLI::App& app);
+void register_bench(CLI::App& app);
+
+}  // namespace pagoda::cli

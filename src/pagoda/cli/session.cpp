@@ -1,0 +1,74 @@
+#include "pagoda/cli/session.h"
+
+#include <omp.h>
+
+#include <filesystem>
+
+#include "pagoda/core/error.h"
+#include "pagoda/model/default_model.h"
+#include "pagoda/format/gguf.h"
+
+namespace pagoda::cli {
+namespace {
+
+Tokenizer load_tokenizer(const Checkpoint& checkpoint) {
+  if (checkpoint.gguf()) return Tokenizer::from_gguf(*checkpoint.gguf());
+  namespace fs = std::filesystem;
+  const fs::path path = fs::is_directory(checkpoint.path()) ? fs::path(checkpoint.path())
+                                                            : fs::path(checkpoint.path()).parent_path();
+  return Tokenizer::from_json_file((path / "tokenizer.json").string());
+}
+
+DType parse_weight_dtype(const std::string& name) {
+  if (name == "f32") return DType::kF32;
+  if (name == "f16") return DType::kF16;
+  if (name == "bf16") return DType::kBF16;
+  fail(ErrorKind::kInvalidArgument, "--weight-dtype must be f32, f16 or bf16, not '{}'", name);
+}
+
+}  // namespace
+
+void add_model_flags(CLI::App& app, ModelFlags& flags) {
+  app.add_option("-m,--model", flags.path, "GGUF file or Hugging Face folder (default: SmolLM2-135M-Instruct)");
+  app.add_option("--weight-dtype", flags.weight_dtype, "storage of quantized weights: f16 (default), bf16 or f32");
+  app.add_option("-t,--threads", flags.threads, "CPU threads (default: all cores)");
+  app.add_option("--kv-memory-mb", flags.kv_memory_mb, "memory for the KV cache in MiB (default 1024)");
+  app.add_option("--max-batch", flags.max_batch, "sequences in flight (default 16)");
+  app.add_option("--step-tokens", flags.step_tokens, "tokens per forward pass, for chunked prefill (default 512)");
+}
+
+void add_sampling_flags(CLI::App& app, SamplingParams& params, int& max_tokens) {
+  params.temperature = 0.8f;
+  params.top_k = 40;
+  params.top_p = 0.95f;
+  params.min_p = 0.05f;
+  app.add_option("-n,--max-tokens", max_tokens, "most tokens to generate");
+  app.add_option("--temp,--temperature", params.temperature, "sampling temperature; 0 is greedy (default 0.8)");
+  app.add_option("--top-k", params.top_k, "keep the k most likely tokens; 0 is off (default 40)");
+  app.add_option("--top-p", params.top_p, "nucleus sampling mass in (0, 1] (default 0.95)");
+  app.add_option("--min-p", params.min_p, "drop tokens below min-p x the top probability (default 0.05)");
+  app.add_option("--repeat-penalty", params.repetition_penalty, "repetition penalty; 1 is off (default 1)");
+  app.add_option("--presence-penalty", params.presence_penalty, "OpenAI presence penalty in [-2, 2]");
+  app.add_option("--frequency-penalty", params.frequency_penalty, "OpenAI frequency penalty in [-2, 2]");
+  app.add_option("-s,--seed", params.seed, "random seed (default: random)");
+  app.add_option("--stop", params.stop, "stop string (repeatable)");
+  app.add_flag("--ignore-eos", params.ignore_eos, "keep generating past the end-of-sequence token");
+}
+
+Session::Session(const ModelFlags& flags)
+    : checkpoint(Checkpoint::open(flags.path.empty() ? default_model_path() : flags.path)),
+      tokenizer(load_tokenizer(checkpoint)) {
+  if (flags.threads < 0 || flags.threads > 1024) fail(ErrorKind::kInvalidArgument, "--threads must be in [0, 1024]");
+  if (flags.threads > 0) omp_set_num_threads(flags.threads);
+  if (flags.kv_memory_mb < 1 || flags.kv_memory_mb > (1 << 22))
+    fail(ErrorKind::kInvalidArgument, "--kv-memory-mb must be in [1, 4194304]");
+  if (flags.max_batch < 1 || flags.max_batch > 4096) fail(ErrorKind::kInvalidArgument, "--max-batch must be in [1, 4096]");
+  if (flags.step_tokens < 1 || flags.step_tokens > 65536)
+    fail(ErrorKind::kInvalidArgument, "--step-tokens must be in [1, 65536]");
+  model = std::make_unique<Model>(checkpoint, backend, LoadOptions{.weight_dtype = parse_weight_dtype(flags.weight_dtype)});
+  engine_options = EngineOptions{.kv_memory_bytes = size_t(flags.kv_memory_mb) << 20,
+                                 .max_batch = flags.max_batch,
+                                 .max_step_tokens = flags.step_tokens};
+}
+
+}  // namespace pagoda::cli

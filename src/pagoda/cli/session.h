@@ -1,0 +1,42 @@
+// What every subcommand that runs a model shares: the flags that choose and load it, the sampling
+// flags, and the loaded model with its tokenizer.
+#pragma once
+
+#include <CLI/CLI.hpp>
+
+#include <memory>
+#include <string>
+
+#include "pagoda/backend/cpu/cpu_backend.h"
+#include "pagoda/engine/engine.h"
+#include "pagoda/engine/sampling_params.h"
+#include "pagoda/model/checkpoint.h"
+#include "pagoda/model/model.h"
+#include "pagoda/tokenizer/tokenizer.h"
+
+namespace pagoda::cli {
+
+struct ModelFlags {
+  std::string path;  // empty: the default model
+  std::string weight_dtype = "f16";
+  int threads = 0;   // 0: all cores
+  int kv_memory_mb = 1024;
+  int max_batch = 16;
+  int step_tokens = 512;
+};
+
+void add_model_flags(CLI::App& app, ModelFlags& flags);
+// Sampling flags with llama.cpp's defaults (temperature 0.8, top-k 40, top-p 0.95, min-p 0.05).
+void add_sampling_flags(CLI::App& app, SamplingParams& params, int& max_tokens);
+
+struct Session {
+  explicit Session(const ModelFlags& flags);
+
+  CpuBackend backend;
+  Checkpoint checkpoint;
+  Tokenizer tokenizer;
+  std::unique_ptr<Model> model;
+  EngineOptions engine_options;
+};
+
+}  // namespace pagoda::cli

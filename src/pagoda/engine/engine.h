@@ -1,0 +1,87 @@
+// Engine: iteration-level continuous batching on one model.
+//
+// Each step() builds one forward pass from every running sequence: one token for each that is
+// decoding, plus prompt chunks (chunked prefill) up to a per-step token budget, admitting waiting
+// requests while KV blocks and batch slots allow. When the KV pool cannot give a decoding
+// sequence its next block, the most recently admitted sequence is preempted: its blocks are
+// freed and it goes back to the front of the queue with its generated tokens, to be recomputed
+// later (its sampler state is kept, so its output is unchanged).
+#pragma once
+
+#include <deque>
+#include <memory>
+#include <optional>
+#include <vector>
+
+#include "pagoda/engine/request.h"
+#include "pagoda/engine/stop_matcher.h"
+#include "pagoda/kv/block_pool.h"
+#include "pagoda/kv/block_table.h"
+#include "pagoda/model/model.h"
+#include "pagoda/tokenizer/tokenizer.h"
+
+namespace pagoda {
+
+struct EngineOptions {
+  int32_t block_size = 16;         // tokens per KV block
+  int32_t num_kv_blocks = 0;       // 0: enough for max_batch sequences of the full context, capped by kv_memory_bytes
+  size_t kv_memory_bytes = size_t(1) << 30;
+  int32_t max_batch = 16;          // sequences in flight
+  int32_t max_step_tokens = 512;   // tokens per forward pass (decode tokens + prefill chunks)
+};
+
+struct EngineStats {
+  int64_t prompt_tokens = 0;
+  int64_t generated_tokens = 0;
+  int64_t steps = 0;
+  int64_t preemptions = 0;
+};
+
+class Engine {
+ public:
+  Engine(Model& model, const Tokenizer& tokenizer, const EngineOptions& options = {});
+  ~Engine();
+
+  // Queues a request. Throws Error(kInvalidArgument) for bad parameters, an empty prompt, or a
+  // prompt that does not fit the context (or could never fit the KV pool).
+  RequestId submit(Request request);
+  // Stops a request; its blocks are freed and it reports FinishReason::kCancelled at the next step.
+  void cancel(RequestId id);
+
+  // One iteration: one forward pass over the scheduled batch. Returns the events it produced.
+  std::vector<TokenEvent> step();
+  bool has_work() const { return !waiting_.empty() || !running_.empty() || !cancelled_.empty(); }
+
+  int32_t num_running() const { return int32_t(running_.size()); }
+  int32_t num_waiting() const { return int32_t(waiting_.size()); }
+  int32_t num_free_blocks() const { return pool_.num_free(); }
+  int32_t num_kv_blocks() const { return pool_.num_blocks(); }
+  const EngineStats& stats() const { return stats_; }
+
+ private:
+  struct Sequence;
+  struct ScheduledChunk {
+    Sequence* seq;
+    int32_t start;   // first token index (== tokens already in the KV cache)
+    int32_t count;
+  };
+
+  std::vector<ScheduledChunk> schedule();
+  bool grow(Sequence& seq, int32_t tokens);
+  void preempt(Sequence& victim);
+  void finish(Sequence& seq, FinishReason reason, std::vector<TokenEvent>& events);
+  TokenEvent accept_token(Sequence& seq, const SampledToken& sampled);
+
+  Model& model_;
+  const Tokenizer& tokenizer_;
+  EngineOptions options_;
+  kv::BlockPool pool_;
+  RequestId next_id_ = 1;
+  std::deque<std::unique_ptr<Sequence>> waiting_;
+  std::vector<std::unique_ptr<Sequence>> running_;  // in admission order
+  std::vector<RequestId> cancelled_;
+  std::vector<int32_t> model_stop_ids_;
+  EngineStats stats_;
+};
+
+}  // namespace pagoda

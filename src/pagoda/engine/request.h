@@ -1,0 +1,42 @@
+// A generation request and the events the engine reports back for it.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "pagoda/engine/sampler.h"
+#include "pagoda/engine/sampling_params.h"
+
+namespace pagoda {
+
+using RequestId = int64_t;
+
+struct Request {
+  std::vector<int32_t> prompt;  // token ids, BOS included when the model wants one
+  SamplingParams params;
+};
+
+enum class FinishReason : uint8_t {
+  kNone,       // still generating
+  kStop,       // EOS, a stop token or a stop string
+  kLength,     // max_tokens reached, or the model's context is full
+  kCancelled,  // cancel() was called
+};
+
+const char* finish_reason_name(FinishReason reason);
+
+// One step's news for one request: a new token, and the text it makes safe to show (text is
+// valid UTF-8 with stop strings cut off; it may be empty while a character or a possible stop
+// string is incomplete).
+struct TokenEvent {
+  RequestId request = 0;
+  int32_t token = -1;  // -1 when the event only reports the finish (cancel)
+  std::string text;
+  SampledToken sampled;  // logprobs when asked for
+  FinishReason finish = FinishReason::kNone;
+  int32_t prompt_tokens = 0;
+  int32_t generated_tokens = 0;
+};
+
+}  // namespace pagoda

@@ -1,0 +1,41 @@
+// The weights of a Llama-family model in backend memory, in the layout the forward pass wants:
+// q/k/v fused into one projection and gate/up into another, so each layer runs two fewer GEMMs.
+#pragma once
+
+#include <memory>
+#include <vector>
+
+#include "pagoda/backend/backend.h"
+#include "pagoda/model/checkpoint.h"
+
+namespace pagoda {
+
+struct LayerWeights {
+  Tensor attn_norm;  // [hidden] f32
+  Tensor qkv;        // [q_dim + 2 * kv_dim, hidden]: q rows, then k, then v (rotate-half order)
+  Tensor qkv_bias;   // [q_dim + 2 * kv_dim] f32; data == nullptr when the model has none
+  Tensor o;          // [hidden, q_dim]
+  Tensor ffn_norm;   // [hidden] f32
+  Tensor gate_up;    // [2 * intermediate, hidden]: gate rows, then up rows
+  Tensor down;       // [hidden, intermediate]
+};
+
+struct ModelWeights {
+  Tensor embedding;   // [vocab, hidden]
+  std::vector<LayerWeights> layers;
+  Tensor final_norm;  // [hidden] f32
+  Tensor lm_head;     // [vocab, hidden]; the embedding itself when tied
+  std::vector<float> rope_inv_freq;  // [head_dim / 2]
+  std::vector<std::shared_ptr<Backend::Buffer>> buffers;  // owns the memory behind the views
+};
+
+struct LoadOptions {
+  // Storage type of matmul weights stored quantized, f32 or f16 (bf16 checkpoints stay bf16
+  // unless this is f32). f16 halves the bytes each decode step reads; f32 is exact.
+  DType weight_dtype = DType::kF16;
+  bool show_progress = true;
+};
+
+ModelWeights load_weights(const Checkpoint& checkpoint, Backend& backend, const LoadOptions& options);
+
+}  // namespace pagoda

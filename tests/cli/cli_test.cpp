@@ -1,0 +1,101 @@
+// The pagoda binary as a user meets it: bad input gets one clear line on stderr and a non-zero
+// exit, never a crash; good input streams text and reports speed.
+#include <gtest/gtest.h>
+
+#include <sys/wait.h>
+
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <string>
+
+namespace {
+
+struct Result {
+  int exit_code = -1;
+  std::string output;  // stdout and stderr together
+};
+
+Result run(const std::string& args) {
+  Result r;
+  const std::string command = std::string(PAGODA_BINARY) + " " + args + " 2>&1 </dev/null";
+  FILE* pipe = ::popen(command.c_str(), "r");
+  if (!pipe) return r;
+  char buffer[4096];
+  size_t n;
+  while ((n = std::fread(buffer, 1, sizeof buffer, pipe)) > 0) r.output.append(buffer, n);
+  const int status = ::pclose(pipe);
+  r.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+  return r;
+}
+
+// A clean failure: exit code 1 (or CLI11's parse-error code), the message, and no crash.
+void expect_error(const std::string& args, const std::string& message) {
+  const Result r = run(args);
+  EXPECT_NE(r.exit_code, 0) << args << "\n" << r.output;
+  EXPECT_LT(r.exit_code, 128) << "killed by a signal: " << args << "\n" << r.output;
+  EXPECT_NE(r.output.find(message), std::string::npos) << args << "\n" << r.output;
+}
+
+std::string temp_file(const std::string& name, const std::string& contents) {
+  const auto path = std::filesystem::temp_directory_path() / name;
+  std::ofstream(path, std::ios::binary) << contents;
+  return path.string();
+}
+
+TEST(Cli, GenerateStreamsTextAndReportsSpeed) {
+  const Result r = run("generate -p 'The capital of France is' -n 8 --temp 0");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("The capital of France is Paris"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("decode: 7 tokens"), std::string::npos) << r.output;
+}
+
+TEST(Cli, ChatOnceAnswers) {
+  const Result r = run("chat --once 'What is 2 + 2? Reply with the number only.' -n 16 --temp 0");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("4"), std::string::npos) << r.output;
+}
+
+TEST(Cli, MissingModelFile) { expect_error("generate -m /nonexistent/model.gguf -p hi", "does not exist"); }
+
+TEST(Cli, CorruptModelFile) {
+  expect_error("generate -m " + temp_file("pagoda_cli_corrupt.gguf", "GGUF\x03garbage") + " -p hi", "GGUF");
+  expect_error("generate -m " + temp_file("pagoda_cli_notgguf.gguf", "not a model at all") + " -p hi", "GGUF");
+}
+
+TEST(Cli, UnsupportedArchitecture) {
+  // A GGUF v3 file whose only metadata is general.architecture = "gpt2".
+  std::string bytes = "GGUF";
+  auto u32 = [&](uint32_t v) { bytes.append(reinterpret_cast<const char*>(&v), 4); };
+  auto u64 = [&](uint64_t v) { bytes.append(reinterpret_cast<const char*>(&v), 8); };
+  auto str = [&](const std::string& s) { u64(s.size()); bytes += s; };
+  u32(3);  // version
+  u64(0);  // tensors
+  u64(1);  // metadata entries
+  str("general.architecture");
+  u32(8);  // string
+  str("gpt2");
+  expect_error("generate -m " + temp_file("pagoda_cli_gpt2.gguf", bytes) + " -p hi", "architecture 'gpt2' is not supported");
+}
+
+TEST(Cli, PromptLongerThanContext) {
+  std::string prompt;
+  for (int i = 0; i < 9000; ++i) prompt += " word";
+  const std::string file = temp_file("pagoda_cli_long_prompt.txt", prompt);
+  expect_error("generate -n 4 -p \"$(cat " + file + ")\"", "context");
+}
+
+TEST(Cli, BadFlags) {
+  expect_error("generate -p hi -n 0", "max_tokens");
+  expect_error("generate -p hi --temp -1", "temperature");
+  expect_error("generate -p hi --top-p 0", "top_p");
+  expect_error("generate -p hi --top-p 1.5", "top_p");
+  expect_error("chat --once hi --chat-template nonsense", "nonsense");
+  expect_error("generate -p hi --weight-dtype q9", "weight-dtype");
+  expect_error("generate -p hi --threads -3", "threads");
+  expect_error("generate -p hi -n many", "many");
+  expect_error("frobnicate", "frobnicate");
+}
+
+}  // namespace

@@ -1,0 +1,193 @@
+// The engine on the real default model: greedy output equals Hugging Face's, batching and
+// preemption do not change any request's tokens, and bad requests are refused cleanly.
+#include "pagoda/engine/engine.h"
+
+#include <gtest/gtest.h>
+
+#include <fstream>
+#include <map>
+#include <memory>
+
+#include <nlohmann/json.hpp>
+
+#include "pagoda/backend/cpu/cpu_backend.h"
+#include "pagoda/core/error.h"
+#include "pagoda/format/gguf.h"
+#include "pagoda/model/default_model.h"
+
+namespace pagoda {
+namespace {
+
+struct Golden {
+  std::string name;
+  std::vector<int32_t> ids, greedy;
+};
+
+class EngineTest : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    std::ifstream in(std::string(PAGODA_SOURCE_DIR) + "/tests/model/fixtures/smollm2_golden.json");
+    ASSERT_TRUE(in);
+    const nlohmann::json fixture = nlohmann::json::parse(in);  // named: it must outlive the loop
+    for (const auto& p : fixture.at("prompts"))
+      golden_.push_back({p.at("name").get<std::string>(), p.at("token_ids").get<std::vector<int32_t>>(),
+                         p.at("greedy_ids").get<std::vector<int32_t>>()});
+    checkpoint_ = std::make_unique<Checkpoint>(Checkpoint::open(default_model_path()));
+    tokenizer_ = std::make_unique<Tokenizer>(Tokenizer::from_gguf(*checkpoint_->gguf()));
+    backend_ = std::make_unique<CpuBackend>();
+    model_ = std::make_unique<Model>(*checkpoint_, *backend_, LoadOptions{.show_progress = false});
+  }
+  static void TearDownTestSuite() {
+    model_.reset();
+    backend_.reset();
+    tokenizer_.reset();
+    checkpoint_.reset();
+  }
+
+  static SamplingParams greedy(int32_t max_tokens) {
+    return SamplingParams{.temperature = 0.f, .max_tokens = max_tokens, .ignore_eos = true};
+  }
+
+  // Runs every request to completion; returns each one's generated tokens, in submit order.
+  static std::vector<std::vector<int32_t>> run_all(Engine& engine, const std::vector<Request>& requests) {
+    std::vector<RequestId> ids;
+    for (const Request& r : requests) ids.push_back(engine.submit(r));
+    std::map<RequestId, std::vector<int32_t>> tokens;
+    for (int guard = 0; engine.has_work(); ++guard) {
+      EXPECT_LT(guard, 10000) << "engine does not finish";
+      if (guard >= 10000) break;
+      for (const TokenEvent& e : engine.step())
+        if (e.token >= 0) tokens[e.request].push_back(e.token);
+    }
+    std::vector<std::vector<int32_t>> out;
+    for (RequestId id : ids) out.push_back(tokens[id]);
+    return out;
+  }
+
+  static inline std::vector<Golden> golden_;
+  static inline std::unique_ptr<Checkpoint> checkpoint_;
+  static inline std::unique_ptr<Tokenizer> tokenizer_;
+  static inline std::unique_ptr<CpuBackend> backend_;
+  static inline std::unique_ptr<Model> model_;
+};
+
+TEST_F(EngineTest, GreedyContinuationMatchesTransformers) {
+  ASSERT_GE(golden_.size(), 4u);
+  Engine engine(*model_, *tokenizer_, {.num_kv_blocks = 64});
+  for (const Golden& g : golden_) {
+    const auto out = run_all(engine, {{.prompt = g.ids, .params = greedy(int32_t(g.greedy.size()))}});
+    EXPECT_EQ(out[0], g.greedy) << g.name;
+  }
+}
+
+// Four different prompts decoded in one batch produce, token for token, what each produces alone.
+TEST_F(EngineTest, BatchedDecodeEqualsDecodingAlone) {
+  ASSERT_GE(golden_.size(), 4u);
+  std::vector<Request> requests;
+  for (size_t i = 0; i < 4; ++i) requests.push_back({.prompt = golden_[i].ids, .params = greedy(24)});
+  Engine alone_engine(*model_, *tokenizer_, {.num_kv_blocks = 64, .max_batch = 1});
+  std::vector<std::vector<int32_t>> alone;
+  for (const Request& r : requests) alone.push_back(run_all(alone_engine, {r})[0]);
+  Engine batch_engine(*model_, *tokenizer_, {.num_kv_blocks = 64, .max_batch = 4});
+  EXPECT_EQ(run_all(batch_engine, requests), alone);
+}
+
+// Chunked prefill (a small step budget) and preemption (a KV cache too small for all four
+// sequences) recompute KV but must not change any output.
+TEST_F(EngineTest, ChunkedPrefillAndPreemptionKeepOutputs) {
+  std::vector<Request> requests;
+  for (size_t i = 0; i < 4; ++i) requests.push_back({.prompt = golden_[i].ids, .params = greedy(40)});
+  Engine roomy(*model_, *tokenizer_, {.num_kv_blocks = 64, .max_batch = 4});
+  const auto expected = run_all(roomy, requests);
+  Engine tight(*model_, *tokenizer_, {.num_kv_blocks = 10, .max_batch = 4, .max_step_tokens = 7});
+  EXPECT_EQ(run_all(tight, requests), expected);
+  EXPECT_GT(tight.stats().preemptions, 0);
+  EXPECT_EQ(tight.num_free_blocks(), 10);
+}
+
+TEST_F(EngineTest, SeededSamplingIsReproducibleAcrossBatching) {
+  SamplingParams params{.temperature = 0.9f, .top_p = 0.9f, .seed = 1234, .max_tokens = 20, .ignore_eos = true};
+  Engine a(*model_, *tokenizer_, {.num_kv_blocks = 64, .max_batch = 1});
+  Engine b(*model_, *tokenizer_, {.num_kv_blocks = 64, .max_batch = 4});
+  const Request r{.prompt = golden_[0].ids, .params = params};
+  const Request other{.prompt = golden_[1].ids, .params = params};
+  EXPECT_EQ(run_all(a, {r})[0], run_all(b, {other, r, other})[1]);
+}
+
+TEST_F(EngineTest, StopsAtEosStopTokenAndMaxTokens) {
+  Engine engine(*model_, *tokenizer_, {.num_kv_blocks = 64});
+  const Golden& g = golden_[0];
+  // The third greedy token as a stop token: generation ends on it, and it is reported.
+  SamplingParams params = greedy(32);
+  params.stop_token_ids = {g.greedy[2]};
+  auto out = run_all(engine, {{.prompt = g.ids, .params = params}});
+  ASSERT_GE(out[0].size(), 1u);
+  EXPECT_EQ(out[0].back(), g.greedy[2]);
+  EXPECT_LE(out[0].size(), 3u);
+  out = run_all(engine, {{.prompt = g.ids, .params = greedy(5)}});
+  EXPECT_EQ(out[0].size(), 5u);
+}
+
+TEST_F(EngineTest, StopStringCutsTheText) {
+  Engine engine(*model_, *tokenizer_, {.num_kv_blocks = 64});
+  const Golden& g = golden_[0];
+  const std::string full = tokenizer_->decode(g.greedy);
+  ASSERT_GE(full.size(), 12u);
+  const std::string stop = full.substr(8, 3);
+  SamplingParams params = greedy(32);
+  params.stop = {stop};
+  engine.submit({.prompt = g.ids, .params = params});
+  std::string text;
+  FinishReason finish = FinishReason::kNone;
+  while (engine.has_work())
+    for (const TokenEvent& e : engine.step()) {
+      text += e.text;
+      if (e.finish != FinishReason::kNone) finish = e.finish;
+    }
+  EXPECT_EQ(finish, FinishReason::kStop);
+  EXPECT_EQ(text, full.substr(0, full.find(stop)));
+}
+
+TEST_F(EngineTest, CancelFreesBlocksAndReports) {
+  Engine engine(*model_, *tokenizer_, {.num_kv_blocks = 64});
+  const RequestId id = engine.submit({.prompt = golden_[0].ids, .params = greedy(100)});
+  engine.step();
+  EXPECT_LT(engine.num_free_blocks(), 64);
+  engine.cancel(id);
+  EXPECT_EQ(engine.num_free_blocks(), 64);
+  const auto events = engine.step();
+  ASSERT_EQ(events.size(), 1u);
+  EXPECT_EQ(events[0].finish, FinishReason::kCancelled);
+  EXPECT_FALSE(engine.has_work());
+}
+
+TEST_F(EngineTest, RejectsBadRequests) {
+  Engine engine(*model_, *tokenizer_, {.num_kv_blocks = 64});
+  auto kind_of = [&](Request r) {
+    try {
+      engine.submit(std::move(r));
+    } catch (const Error& e) {
+      return e.kind();
+    }
+    return ErrorKind::kInternal;
+  };
+  EXPECT_EQ(kind_of({.prompt = {}, .params = greedy(4)}), ErrorKind::kInvalidArgument);
+  EXPECT_EQ(kind_of({.prompt = std::vector<int32_t>(8192, 1), .params = greedy(4)}), ErrorKind::kInvalidArgument);
+  EXPECT_EQ(kind_of({.prompt = std::vector<int32_t>(2000, 1), .params = greedy(4)}), ErrorKind::kInvalidArgument)
+      << "needs more KV blocks than the cache has";
+  EXPECT_EQ(kind_of({.prompt = {1, 2, 49152}, .params = greedy(4)}), ErrorKind::kInvalidArgument);
+  EXPECT_EQ(kind_of({.prompt = {1, 2}, .params = greedy(0)}), ErrorKind::kInvalidArgument);
+  EXPECT_FALSE(engine.has_work());
+}
+
+// A request alone that fills the whole KV cache ends with finish reason length; it never spins.
+TEST_F(EngineTest, KvExhaustionEndsTheRequest) {
+  Engine engine(*model_, *tokenizer_, {.block_size = 16, .num_kv_blocks = 2});
+  const auto out = run_all(engine, {{.prompt = golden_[0].ids, .params = greedy(100)}});
+  // 32 tokens fill both blocks; the 33rd was sampled but has no room for its K/V.
+  EXPECT_EQ(int(golden_[0].ids.size() + out[0].size()), 33);
+  EXPECT_EQ(engine.num_free_blocks(), 2);
+}
+
+}  // namespace
+}  // namespace pagoda
