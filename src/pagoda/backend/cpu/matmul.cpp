@@ -91,7 +91,6 @@ template <DType W>
 void widen_panel(const Tensor& w, int64_t first, int64_t rows, float* dst) {
   const int64_t k = w.size(1);
   const auto* wp = static_cast<const uint8_t*>(w.data) + size_t(first) * size_t(k) * dtype_size(W);
-#pragma omp parallel for schedule(static)
   for (int64_t r = 0; r < rows; ++r) {
     const void* src = wp + size_t(r) * size_t(k) * dtype_size(W);
     float* d = dst + r * k;
@@ -101,29 +100,33 @@ void widen_panel(const Tensor& w, int64_t first, int64_t rows, float* dst) {
   }
 }
 
+// Each thread widens its own panels of weight rows and multiplies them with a single-threaded
+// sgemm: one threading runtime (OpenMP) owns the cores. OpenBLAS's own threads would spin after
+// each call and starve the OpenMP threads of the next op (decode slowed 40x on 2 cores).
 template <DType W>
 void matmul_blas(const Tensor& x, const Tensor& w, const float* bias, Tensor out) {
   const int64_t n = x.size(0), k = x.size(1), m = w.size(0);
-  if constexpr (W == DType::kF32) {
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, int(n), int(m), int(k), 1.f,
-                x.ptr<float>(), int(x.strides[0]), w.ptr<float>(), int(k), 0.f, out.ptr<float>(),
-                int(out.strides[0]));
-  } else {
-    // Panels of weight rows, widened once and reused by all n rows.
-    constexpr int64_t kPanelRows = 256;
-    std::vector<float> panel(size_t(std::min(kPanelRows, m)) * size_t(k));
-    for (int64_t first = 0; first < m; first += kPanelRows) {
-      const int64_t rows = std::min(kPanelRows, m - first);
-      widen_panel<W>(w, first, rows, panel.data());
-      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, int(n), int(rows), int(k), 1.f,
-                  x.ptr<float>(), int(x.strides[0]), panel.data(), int(k), 0.f,
-                  out.ptr<float>() + first, int(out.strides[0]));
+  constexpr int64_t kPanelRows = 128;
+  const int64_t panels = (m + kPanelRows - 1) / kPanelRows;
+#pragma omp parallel
+  {
+    std::vector<float> panel(W == DType::kF32 ? 0 : size_t(std::min(kPanelRows, m)) * size_t(k));
+#pragma omp for schedule(static)
+    for (int64_t p = 0; p < panels; ++p) {
+      const int64_t first = p * kPanelRows, rows = std::min(kPanelRows, m - first);
+      const float* wp;
+      if constexpr (W == DType::kF32) {
+        wp = w.ptr<float>() + first * k;
+      } else {
+        widen_panel<W>(w, first, rows, panel.data());
+        wp = panel.data();
+      }
+      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, int(n), int(rows), int(k), 1.f, x.ptr<float>(),
+                  int(x.strides[0]), wp, int(k), 0.f, out.ptr<float>() + first, int(out.strides[0]));
+      if (bias)
+        for (int64_t r = 0; r < n; ++r)
+          for (int64_t j = first; j < first + rows; ++j) out.ptr<float>()[r * out.strides[0] + j] += bias[j];
     }
-  }
-  if (bias) {
-    float* op = out.ptr<float>();
-    for (int64_t r = 0; r < n; ++r)
-      for (int64_t j = 0; j < m; ++j) op[r * out.strides[0] + j] += bias[j];
   }
 }
 
@@ -136,6 +139,9 @@ void matmul_typed(const Tensor& x, const Tensor& w, const float* bias, Tensor ou
 }  // namespace
 
 void matmul(const Tensor& x, const Tensor& w, const Tensor* bias, Tensor out) {
+  // OpenMP threads call sgemm; OpenBLAS must not start threads of its own.
+  static const bool single_threaded_blas = (openblas_set_num_threads(1), true);
+  (void)single_threaded_blas;
   if (x.dtype != DType::kF32 || out.dtype != DType::kF32 || x.ndim != 2 || w.ndim != 2 ||
       x.size(1) != w.size(1) || out.size(0) != x.size(0) || out.size(1) != w.size(0) ||
       x.strides[1] != 1 || out.strides[1] != 1 || !w.is_contiguous() ||
