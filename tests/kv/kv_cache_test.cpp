@@ -64,8 +64,10 @@ TEST_P(KvCacheLayouts, WritesLandWhereTheLayoutSays) {
   pool.allocate();  // keep block 0 out of the first sequence so ids are not positions
   BlockTable table;
   append_tokens(table, 10, pool);
-  // Two chunks, the second starting mid-block, into layer 1.
+  // Layer 0 holds other values (V's as K, K's as V) that writes to layer 1 must not touch.
   std::vector<float> k, v;
+  cache.write(0, table, 0, rows(v, true, 0, 10), rows(k, false, 0, 10));
+  // Two chunks, the second starting mid-block, into layer 1.
   cache.write(1, table, 0, rows(k, false, 0, 6), rows(v, true, 0, 6));
   cache.write(1, table, 6, rows(k, false, 6, 4), rows(v, true, 6, 4));
   const PagedKv kv = cache.layer(1);
@@ -82,7 +84,11 @@ TEST_P(KvCacheLayouts, WritesLandWhereTheLayoutSays) {
   }
   // Layer 0 untouched.
   const PagedKv layer0 = cache.layer(0);
-  for (int32_t b = 0; b < kBlocks; ++b) EXPECT_EQ(read(layer0, false, layout, b, 0, 0, 0), 0.f);
+  for (int32_t t = 0; t < 10; ++t) {
+    const BlockId block = table.block_ids[size_t(t / kBlockSize)];
+    EXPECT_EQ(read(layer0, false, layout, block, 1, t % kBlockSize, 3), rounded(dtype, value(true, t, 1, 3)));
+    EXPECT_EQ(read(layer0, true, layout, block, 1, t % kBlockSize, 3), rounded(dtype, value(false, t, 1, 3)));
+  }
 }
 
 TEST_P(KvCacheLayouts, CopyBlockCopiesEveryLayerKAndV) {
@@ -99,8 +105,11 @@ TEST_P(KvCacheLayouts, CopyBlockCopiesEveryLayerKAndV) {
   const std::optional<BlockCopy> copy = append_tokens(child, 1, pool);
   ASSERT_TRUE(copy.has_value());
   cache.copy_block(copy->src, copy->dst);
+  // The parent holds its tail alone again and appends in place.
+  ASSERT_FALSE(append_tokens(parent, 1, pool).has_value());
   for (int32_t layer = 0; layer < kLayers; ++layer) {
     cache.write(layer, child, 6, rows(k, false, 100, 1), rows(v, true, 100, 1));
+    cache.write(layer, parent, 6, rows(k, false, 200, 1), rows(v, true, 200, 1));
     const PagedKv kv = cache.layer(layer);
     for (int32_t slot = 0; slot < 2; ++slot) {  // the parent's two tokens, now in both blocks
       for (int32_t h = 0; h < kHeads; ++h) {
@@ -108,9 +117,9 @@ TEST_P(KvCacheLayouts, CopyBlockCopiesEveryLayerKAndV) {
         EXPECT_EQ(read(kv, true, layout, copy->dst, h, slot, 5), read(kv, true, layout, copy->src, h, slot, 5));
       }
     }
-    // The child's new token went to its copy, not the parent's block.
+    // Each sequence's new token went to its own block.
     EXPECT_EQ(read(kv, false, layout, copy->dst, 1, 2, 3), rounded(dtype, value(false, 100, 1, 3)));
-    EXPECT_EQ(read(kv, false, layout, copy->src, 1, 2, 3), 0.f);
+    EXPECT_EQ(read(kv, false, layout, copy->src, 1, 2, 3), rounded(dtype, value(false, 200, 1, 3)));
   }
 }
 

@@ -61,7 +61,9 @@ KvCache::KvCache(const KvCacheConfig& config) : config_(config) {
   pool_bytes_ = size_t(config.num_blocks) * size_t(config.block_size) *
                 size_t(config.num_kv_heads) * size_t(config.head_dim) * dtype_size(config.dtype);
   nbytes_ = pool_bytes_ * 2 * size_t(config.num_layers);
-  storage_ = std::make_unique<std::byte[]>(nbytes_);  // value-initialized: zeroed
+  // Not zeroed: attention reads only tokens that were written, and untouched pages of a large
+  // cache then cost no memory and no startup time.
+  storage_ = std::make_unique_for_overwrite<std::byte[]>(nbytes_);
 }
 
 PagedKv KvCache::layer(int32_t layer) const {

@@ -27,7 +27,7 @@ struct KvCacheConfig {
 
 class KvCache {
  public:
-  // Allocates zeroed pools; throws Error(kInvalidArgument) for a bad config.
+  // Allocates the pools (uninitialized); throws Error(kInvalidArgument) for a bad config.
   explicit KvCache(const KvCacheConfig& config);
 
   const KvCacheConfig& config() const { return config_; }

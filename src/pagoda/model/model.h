@@ -32,6 +32,8 @@ class Model {
   // Bytes of weights in backend memory: what one decode step must read (the embedding table once,
   // as lm_head, when tied).
   size_t weight_bytes() const;
+  // Storage type of the matmul weights.
+  DType weight_dtype() const { return weights_.embedding.dtype; }
 
   // Allocates the backend's paged KV cache: num_blocks blocks of block_size tokens, every layer.
   // Returns its size in bytes.

@@ -42,47 +42,72 @@ inline float horizontal_sum(__m256 v) {
   return _mm_cvtss_f32(s);
 }
 
-// R rows of x against one weight row: each widened weight vector feeds R accumulators.
-template <DType W, int R>
-inline void dot_rows(const float* x, int64_t x_stride, const void* w_row, int64_t k, float* result) {
-  __m256 acc[R];
-  for (int r = 0; r < R; ++r) acc[r] = _mm256_setzero_ps();
+// A tile of R rows of x against C weight rows: R * C independent accumulators. One accumulator
+// alone would chain every FMA on the last (4-cycle latency), capping a core at ~4 bytes of
+// weights per cycle; C weight rows in flight hide that latency, and each widened weight vector
+// still feeds all R rows.
+template <DType W, int R, int C>
+inline void dot_tile(const float* x, int64_t x_stride, const uint8_t* w, size_t w_row_bytes, int64_t k,
+                     float* out, int64_t out_stride) {
+  __m256 acc[R][C];
+  for (int r = 0; r < R; ++r)
+    for (int c = 0; c < C; ++c) acc[r][c] = _mm256_setzero_ps();
   int64_t i = 0;
   for (; i + 8 <= k; i += 8) {
-    const __m256 wv = load8<W>(w_row, i);
-    for (int r = 0; r < R; ++r) acc[r] = _mm256_fmadd_ps(_mm256_loadu_ps(x + r * x_stride + i), wv, acc[r]);
+    __m256 wv[C];
+    for (int c = 0; c < C; ++c) wv[c] = load8<W>(w + size_t(c) * w_row_bytes, i);
+    for (int r = 0; r < R; ++r) {
+      const __m256 xv = _mm256_loadu_ps(x + r * x_stride + i);
+      for (int c = 0; c < C; ++c) acc[r][c] = _mm256_fmadd_ps(xv, wv[c], acc[r][c]);
+    }
   }
-  for (int r = 0; r < R; ++r) {
-    float s = horizontal_sum(acc[r]);
-    for (int64_t j = i; j < k; ++j) s += x[r * x_stride + j] * load1<W>(w_row, j);
-    result[r] = s;
+  for (int r = 0; r < R; ++r)
+    for (int c = 0; c < C; ++c) {
+      float s = horizontal_sum(acc[r][c]);
+      for (int64_t j = i; j < k; ++j) s += x[r * x_stride + j] * load1<W>(w + size_t(c) * w_row_bytes, j);
+      out[r * out_stride + c] = s;
+    }
+}
+
+// Rows of x, in tiles of up to 4, against the C weight rows starting at w.
+template <DType W, int C>
+inline void dot_rows(const float* x, int64_t x_stride, int64_t n, const uint8_t* w, size_t w_row_bytes,
+                     int64_t k, float* out, int64_t out_stride) {
+  for (int64_t r0 = 0; r0 < n; r0 += 4) {
+    const float* xr = x + r0 * x_stride;
+    float* o = out + r0 * out_stride;
+    switch (std::min<int64_t>(4, n - r0)) {
+      case 4: dot_tile<W, 4, C>(xr, x_stride, w, w_row_bytes, k, o, out_stride); break;
+      case 3: dot_tile<W, 3, C>(xr, x_stride, w, w_row_bytes, k, o, out_stride); break;
+      case 2: dot_tile<W, 2, C>(xr, x_stride, w, w_row_bytes, k, o, out_stride); break;
+      default: dot_tile<W, 1, C>(xr, x_stride, w, w_row_bytes, k, o, out_stride); break;
+    }
   }
 }
 
 template <DType W>
 void matmul_streaming(const Tensor& x, const Tensor& w, const float* bias, Tensor out) {
+  constexpr int64_t kTileRows = 3;  // weight rows per tile: 4 x 3 accumulators + 3 weights + 1 x = 16 registers
   const int64_t n = x.size(0), k = x.size(1), m = w.size(0);
-  const float* xp = x.ptr<float>();
-  float* op = out.ptr<float>();
-  const int64_t x_stride = x.strides[0], out_stride = out.strides[0];
   const size_t w_row_bytes = size_t(k) * dtype_size(W);
   const auto* wp = static_cast<const uint8_t*>(w.data);
+  float* op = out.ptr<float>();
+  const int64_t out_stride = out.strides[0];
+  const int64_t tiles = (m + kTileRows - 1) / kTileRows;
 #pragma omp parallel for schedule(static)
-  for (int64_t j = 0; j < m; ++j) {
-    const void* w_row = wp + size_t(j) * w_row_bytes;
-    float dots[4];
-    for (int64_t r0 = 0; r0 < n; r0 += 4) {
-      const float* xr = xp + r0 * x_stride;
-      const int64_t rows = std::min<int64_t>(4, n - r0);
-      switch (rows) {
-        case 4: dot_rows<W, 4>(xr, x_stride, w_row, k, dots); break;
-        case 3: dot_rows<W, 3>(xr, x_stride, w_row, k, dots); break;
-        case 2: dot_rows<W, 2>(xr, x_stride, w_row, k, dots); break;
-        default: dot_rows<W, 1>(xr, x_stride, w_row, k, dots); break;
-      }
-      const float b = bias ? bias[j] : 0.f;
-      for (int64_t r = 0; r < rows; ++r) op[(r0 + r) * out_stride + j] = dots[r] + b;
+  for (int64_t t = 0; t < tiles; ++t) {
+    const int64_t j = t * kTileRows, end = std::min(j + kTileRows, m);
+    if (end - j == kTileRows) {
+      dot_rows<W, kTileRows>(x.ptr<float>(), x.strides[0], n, wp + size_t(j) * w_row_bytes, w_row_bytes, k,
+                             op + j, out_stride);
+    } else {
+      for (int64_t jj = j; jj < end; ++jj)
+        dot_rows<W, 1>(x.ptr<float>(), x.strides[0], n, wp + size_t(jj) * w_row_bytes, w_row_bytes, k, op + jj,
+                       out_stride);
     }
+    if (bias)
+      for (int64_t r = 0; r < n; ++r)
+        for (int64_t jj = j; jj < end; ++jj) op[r * out_stride + jj] += bias[jj];
   }
 }
 
