@@ -13,7 +13,7 @@
 #include "pagoda/backend/cpu/cpu_backend.h"
 #include "pagoda/core/error.h"
 #include "pagoda/format/gguf.h"
-#include "pagoda/model/default_model.h"
+#include "pagoda/core/default_model.h"
 
 namespace pagoda {
 namespace {

@@ -15,7 +15,7 @@
 #include "pagoda/backend/cpu/cpu_backend.h"
 #include "pagoda/kv/block_pool.h"
 #include "pagoda/kv/block_table.h"
-#include "pagoda/model/default_model.h"
+#include "pagoda/core/default_model.h"
 #include "pagoda/model/model.h"
 
 namespace pagoda {

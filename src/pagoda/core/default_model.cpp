@@ -1,4 +1,4 @@
-#include "pagoda/model/default_model.h"
+#include "pagoda/core/default_model.h"
 
 #include <cstdio>
 #include <cstdlib>
