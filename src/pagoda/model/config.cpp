@@ -56,39 +56,54 @@ ModelConfig ModelConfig::from_hf_json(const nlohmann::json& j, const std::string
     return j[key].get<int>();
   };
   ModelConfig c;
-  std::string model_type = j.value("model_type", std::string());
-  c.architecture = model_type;
-  if (!is_supported_architecture(c.architecture))
-    fail(ErrorKind::kUnsupported,
-         "'{}': model_type '{}' is not supported (pagoda runs llama, mistral, qwen2)", origin,
-         model_type);
-  c.vocab_size = get_int("vocab_size");
-  c.hidden_size = get_int("hidden_size");
-  c.intermediate_size = get_int("intermediate_size");
-  c.num_layers = get_int("num_hidden_layers");
-  c.num_q_heads = get_int("num_attention_heads");
-  c.num_kv_heads = j.contains("num_key_value_heads") ? get_int("num_key_value_heads") : c.num_q_heads;
-  c.head_dim = (j.contains("head_dim") && j["head_dim"].is_number_integer())
-                   ? j["head_dim"].get<int>()
-                   : (c.num_q_heads ? c.hidden_size / c.num_q_heads : 0);
-  c.max_context = get_int("max_position_embeddings");
-  c.rms_norm_eps = j.value("rms_norm_eps", 1e-6f);
-  c.rope_theta = j.value("rope_theta", 10000.f);
-  c.tie_word_embeddings = j.value("tie_word_embeddings", false);
-  c.qkv_bias = c.architecture == "qwen2" || j.value("attention_bias", false);
-  if (j.contains("rope_scaling") && j["rope_scaling"].is_object()) {
-    const auto& s = j["rope_scaling"];
-    const std::string type = s.value("rope_type", s.value("type", std::string()));
-    if (type == "llama3") {
-      c.rope_scaling.enabled = true;
-      c.rope_scaling.factor = s.value("factor", 8.f);
-      c.rope_scaling.low_freq_factor = s.value("low_freq_factor", 1.f);
-      c.rope_scaling.high_freq_factor = s.value("high_freq_factor", 4.f);
-      c.rope_scaling.original_max_position = s.value("original_max_position_embeddings", 8192);
-    } else if (!type.empty() && type != "default") {
-      fail(ErrorKind::kUnsupported, "'{}': rope_scaling type '{}' is not supported (llama3 is)",
-           origin, type);
+  // json::value() throws json::type_error when a key is present with another type ("rope_theta":
+  // null, "rms_norm_eps": "1e-5"): that is a corrupt config, not a crash.
+  try {
+    std::string model_type = j.value("model_type", std::string());
+    c.architecture = model_type;
+    if (!is_supported_architecture(c.architecture))
+      fail(ErrorKind::kUnsupported,
+           "'{}': model_type '{}' is not supported (pagoda runs llama, mistral, qwen2)", origin,
+           model_type);
+    c.vocab_size = get_int("vocab_size");
+    c.hidden_size = get_int("hidden_size");
+    c.intermediate_size = get_int("intermediate_size");
+    c.num_layers = get_int("num_hidden_layers");
+    c.num_q_heads = get_int("num_attention_heads");
+    c.num_kv_heads = j.contains("num_key_value_heads") ? get_int("num_key_value_heads") : c.num_q_heads;
+    c.head_dim = (j.contains("head_dim") && j["head_dim"].is_number_integer())
+                     ? j["head_dim"].get<int>()
+                     : (c.num_q_heads ? c.hidden_size / c.num_q_heads : 0);
+    c.max_context = get_int("max_position_embeddings");
+    c.rms_norm_eps = j.value("rms_norm_eps", 1e-6f);
+    c.tie_word_embeddings = j.value("tie_word_embeddings", false);
+    c.qkv_bias = c.architecture == "qwen2" || j.value("attention_bias", false);
+    // transformers >= 5 writes the RoPE settings as one "rope_parameters" object, rope_theta
+    // included; earlier versions wrote a top-level "rope_theta" and an optional "rope_scaling".
+    const nlohmann::json* rope = nullptr;
+    if (j.contains("rope_parameters") && j["rope_parameters"].is_object()) {
+      rope = &j["rope_parameters"];
+    } else if (j.contains("rope_scaling") && j["rope_scaling"].is_object()) {
+      rope = &j["rope_scaling"];
     }
+    c.rope_theta = (rope && rope->contains("rope_theta")) ? (*rope)["rope_theta"].get<float>()
+                                                          : j.value("rope_theta", 10000.f);
+    if (rope) {
+      const auto& s = *rope;
+      const std::string type = s.value("rope_type", s.value("type", std::string()));
+      if (type == "llama3") {
+        c.rope_scaling.enabled = true;
+        c.rope_scaling.factor = s.value("factor", 8.f);
+        c.rope_scaling.low_freq_factor = s.value("low_freq_factor", 1.f);
+        c.rope_scaling.high_freq_factor = s.value("high_freq_factor", 4.f);
+        c.rope_scaling.original_max_position = s.value("original_max_position_embeddings", 8192);
+      } else if (!type.empty() && type != "default") {
+        fail(ErrorKind::kUnsupported, "'{}': rope_scaling type '{}' is not supported (llama3 is)",
+             origin, type);
+      }
+    }
+  } catch (const nlohmann::json::exception& e) {
+    fail(ErrorKind::kCorrupt, "'{}': a field has the wrong type: {}", origin, e.what());
   }
   c.validate(origin);
   return c;
