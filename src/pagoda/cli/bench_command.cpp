@@ -130,6 +130,18 @@ std::string cpu_name() {
   return "unknown CPU";
 }
 
+// The checkout's commit when run from one ("unknown" otherwise): results name the code they measured.
+std::string git_commit() {
+  std::string commit;
+  if (FILE* pipe = ::popen("git rev-parse --short HEAD 2>/dev/null", "r")) {
+    char buffer[64];
+    if (std::fgets(buffer, sizeof buffer, pipe)) commit = buffer;
+    ::pclose(pipe);
+  }
+  while (!commit.empty() && commit.back() == '\n') commit.pop_back();
+  return commit.empty() ? "unknown" : commit;
+}
+
 }  // namespace
 
 void register_bench(CLI::App& app) {
@@ -198,6 +210,10 @@ void register_bench(CLI::App& app) {
     if (!flags->json_path.empty()) {
       nlohmann::json j = {
           {"benchmark", "generate"},
+          {"command", "pagoda bench generate --prompt-tokens " + std::to_string(flags->prompt_tokens) +
+                          " --gen-tokens " + std::to_string(flags->gen_tokens) + " --batch " +
+                          std::to_string(flags->batch) + " --weight-dtype " + flags->model.weight_dtype},
+          {"commit", git_commit()},
           {"device", cpu_name()},
           {"threads", omp_get_max_threads()},
           {"model", session.checkpoint.path()},
