@@ -180,6 +180,29 @@ TEST_F(EngineTest, RejectsBadRequests) {
   EXPECT_FALSE(engine.has_work());
 }
 
+// A forward pass that throws (here: another engine shrank the model's KV cache under this one)
+// propagates the error, leaks no blocks, and leaves the request queued; once the cache is back,
+// it completes with the output it would have had.
+TEST_F(EngineTest, FailedStepLeaksNothingAndRecovers) {
+  std::vector<int32_t> prompt;
+  for (int i = 0; i < 5; ++i) prompt.insert(prompt.end(), golden_[0].ids.begin(), golden_[0].ids.end());
+  const Request request{.prompt = prompt, .params = greedy(8)};
+  Engine reference(*model_, *tokenizer_, {.num_kv_blocks = 64});
+  const auto expected = run_all(reference, {request});
+
+  Engine engine(*model_, *tokenizer_, {.num_kv_blocks = 64});
+  engine.submit(request);
+  { Engine shrinker(*model_, *tokenizer_, {.num_kv_blocks = 1}); }
+  EXPECT_THROW(engine.step(), Error);
+  EXPECT_EQ(engine.num_free_blocks(), 64);
+  EXPECT_TRUE(engine.has_work());
+  model_->allocate_kv_cache(64, 16);
+  std::vector<int32_t> tokens;
+  while (engine.has_work())
+    for (const TokenEvent& e : engine.step()) tokens.push_back(e.token);
+  EXPECT_EQ(tokens, expected[0]);
+}
+
 // A request alone that fills the whole KV cache ends with finish reason length; it never spins.
 TEST_F(EngineTest, KvExhaustionEndsTheRequest) {
   Engine engine(*model_, *tokenizer_, {.block_size = 16, .num_kv_blocks = 2});

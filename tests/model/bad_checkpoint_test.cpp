@@ -205,5 +205,24 @@ TEST_F(BadCheckpoint, GgufTensorTypeWithoutDequantizer) {
   }
 }
 
+// The GGUF reader accepts a 0-dimensional tensor (a scalar); as a weight it is corrupt, and
+// must be refused before anything reads its (absent) first dimension.
+TEST_F(BadCheckpoint, GgufWeightWithoutDimensions) {
+  testing::GgufBuilder b;
+  b.kv_string("general.architecture", "llama")
+      .kv_pod<uint32_t>("llama.embedding_length", GgufValueType::kU32, 64)
+      .kv_pod<uint32_t>("llama.feed_forward_length", GgufValueType::kU32, 128)
+      .kv_pod<uint32_t>("llama.block_count", GgufValueType::kU32, 1)
+      .kv_pod<uint32_t>("llama.attention.head_count", GgufValueType::kU32, 4)
+      .kv_pod<uint32_t>("llama.context_length", GgufValueType::kU32, 128)
+      .kv_pod<uint32_t>("llama.vocab_size", GgufValueType::kU32, 4)
+      .kv_pod<float>("llama.attention.layer_norm_rms_epsilon", GgufValueType::kF32, 1e-5f)
+      .tensor("token_embd.weight", {}, GgmlType::kF32, std::vector<uint8_t>(4));
+  const std::vector<uint8_t> bytes = b.build();
+  const fs::path file = dir_ / "model.gguf";
+  std::ofstream(file, std::ios::binary).write(reinterpret_cast<const char*>(bytes.data()), std::streamsize(bytes.size()));
+  expect_error([&] { open_and_load(file); }, ErrorKind::kCorrupt, {"token_embd.weight", "0 dimensions"});
+}
+
 }  // namespace
 }  // namespace pagoda

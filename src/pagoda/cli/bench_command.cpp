@@ -166,7 +166,7 @@ void register_bench(CLI::App& app) {
       fail(ErrorKind::kInvalidArgument, "--prompt-tokens >= 1, --gen-tokens >= 2 and --batch in [1, 256] please");
     Session session(flags->model);
     const ModelConfig& c = session.model->config();
-    if (flags->prompt_tokens + flags->gen_tokens > c.max_context)
+    if (int64_t(flags->prompt_tokens) + flags->gen_tokens > c.max_context)
       fail(ErrorKind::kInvalidArgument, "prompt + generated tokens exceed the context of {}", c.max_context);
 
     std::fprintf(stderr, "bench: measuring memory bandwidth and FMA peak...\n");

@@ -82,7 +82,14 @@ void register_chat(CLI::App& app) {
         continue;
       }
       if (line.empty()) continue;
-      answer(line, flags->show_speed);
+      try {
+        answer(line, flags->show_speed);
+      } catch (const Error& e) {
+        // A conversation grown past the context: say so and keep the session.
+        if (e.kind() != ErrorKind::kInvalidArgument) throw;
+        history.pop_back();
+        std::fprintf(stderr, "pagoda: %s (/reset starts over)\n", e.what());
+      }
     }
   });
 }

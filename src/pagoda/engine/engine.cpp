@@ -1,6 +1,8 @@
 #include "pagoda/engine/engine.h"
 
 #include <algorithm>
+#include <limits>
+#include <utility>
 
 #include "pagoda/core/error.h"
 
@@ -43,6 +45,13 @@ struct Engine::Sequence {
 
 namespace {
 
+// Checked before anything is sized from them.
+const EngineOptions& checked(const EngineOptions& o) {
+  if (o.block_size <= 0 || o.block_size > 1024 || o.max_batch <= 0 || o.max_step_tokens <= 0 || o.num_kv_blocks < 0)
+    fail(ErrorKind::kInvalidArgument, "engine: block size (1..1024), batch size and step tokens must be positive");
+  return o;
+}
+
 int32_t default_num_blocks(const ModelConfig& c, const EngineOptions& o) {
   const size_t block_bytes = size_t(c.num_layers) * 2 * size_t(c.kv_dim()) * size_t(o.block_size) * sizeof(float);
   const int64_t for_batch = int64_t(o.max_batch) * ((c.max_context + o.block_size - 1) / o.block_size);
@@ -55,11 +64,9 @@ int32_t default_num_blocks(const ModelConfig& c, const EngineOptions& o) {
 Engine::Engine(Model& model, const Tokenizer& tokenizer, const EngineOptions& options)
     : model_(model),
       tokenizer_(tokenizer),
-      options_(options),
+      options_(checked(options)),
       pool_(options.num_kv_blocks > 0 ? options.num_kv_blocks : default_num_blocks(model.config(), options),
             options.block_size) {
-  if (options.block_size <= 0 || options.block_size > 1024 || options.max_batch <= 0 || options.max_step_tokens <= 0)
-    fail(ErrorKind::kInvalidArgument, "engine: block size, batch size and step tokens must be positive");
   model_.allocate_kv_cache(pool_.num_blocks(), options.block_size);
   model_stop_ids_ = tokenizer.stop_ids();
 }
@@ -195,7 +202,7 @@ TokenEvent Engine::accept_token(Sequence& seq, const SampledToken& sampled) {
 }
 
 std::vector<TokenEvent> Engine::step() {
-  std::vector<TokenEvent> events;
+  std::vector<TokenEvent> events = std::exchange(unreported_, {});
   for (RequestId id : cancelled_) events.push_back({.request = id, .finish = FinishReason::kCancelled});
   cancelled_.clear();
 
@@ -224,7 +231,16 @@ std::vector<TokenEvent> Engine::step() {
                       .want_logits = s.start + s.count == int32_t(seq.tokens.size())});
     if (seq.num_computed < seq.num_prompt) stats_.prompt_tokens += std::min(s.count, seq.num_prompt - seq.num_computed);
   }
-  const std::span<const float> logits = model_.forward(chunks);
+  std::span<const float> logits;
+  try {
+    logits = model_.forward(chunks);
+  } catch (...) {
+    // Leave the engine as if the step never ran: the scheduled sequences give their blocks back
+    // and wait to be recomputed, and the events already made are reported by the next step.
+    for (const ScheduledChunk& s : scheduled) preempt(*s.seq);
+    unreported_ = std::move(events);
+    throw;
+  }
   ++stats_.steps;
 
   const size_t vocab = size_t(model_.config().vocab_size);
@@ -237,6 +253,10 @@ std::vector<TokenEvent> Engine::step() {
     if (!chunks[i].want_logits) continue;
     std::copy_n(logits.begin() + ptrdiff_t(logit_row * vocab), vocab, row.begin());
     ++logit_row;
+    // Rows past the tokenizer's vocabulary (padding, e.g. Qwen2.5's 151936 vs 151665) have no
+    // text: never sample them.
+    std::fill(row.begin() + std::min<ptrdiff_t>(tokenizer_.vocab_size(), ptrdiff_t(vocab)), row.end(),
+              -std::numeric_limits<float>::infinity());
     const SampledToken sampled = seq.sampler.sample(row, seq.tokens, size_t(seq.num_prompt));
     events.push_back(accept_token(seq, sampled));
     if (events.back().finish != FinishReason::kNone) finished.push_back(&seq);

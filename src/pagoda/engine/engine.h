@@ -49,8 +49,12 @@ class Engine {
   void cancel(RequestId id);
 
   // One iteration: one forward pass over the scheduled batch. Returns the events it produced.
+  // If the forward pass throws, the scheduled sequences are requeued for recompute (no blocks
+  // leak) and the exception propagates; the events already made come with the next step.
   std::vector<TokenEvent> step();
-  bool has_work() const { return !waiting_.empty() || !running_.empty() || !cancelled_.empty(); }
+  bool has_work() const {
+    return !waiting_.empty() || !running_.empty() || !cancelled_.empty() || !unreported_.empty();
+  }
 
   int32_t num_running() const { return int32_t(running_.size()); }
   int32_t num_waiting() const { return int32_t(waiting_.size()); }
@@ -80,6 +84,7 @@ class Engine {
   std::deque<std::unique_ptr<Sequence>> waiting_;
   std::vector<std::unique_ptr<Sequence>> running_;  // in admission order
   std::vector<RequestId> cancelled_;
+  std::vector<TokenEvent> unreported_;  // made by a step whose forward pass threw
   std::vector<int32_t> model_stop_ids_;
   EngineStats stats_;
 };

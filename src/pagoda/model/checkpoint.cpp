@@ -103,7 +103,8 @@ Checkpoint Checkpoint::open(const std::string& path) {
       }
       std::string hf = hf_name_from_gguf(t.name);
       if (hf.empty()) continue;
-      if (t.dims.size() > 2) fail(ErrorKind::kCorrupt, "'{}': tensor '{}' has {} dimensions", path, t.name, t.dims.size());
+      if (t.dims.empty() || t.dims.size() > 2)
+        fail(ErrorKind::kCorrupt, "'{}': tensor '{}' has {} dimensions, expected 1 or 2", path, t.name, t.dims.size());
       StoredTensor s{.name = std::move(hf),
                      .rows = t.dims.size() == 2 ? t.dims[1] : 1,
                      .cols = t.dims[0],

@@ -156,14 +156,16 @@ ModelWeights load_weights(const Checkpoint& checkpoint, Backend& backend, const 
       std::vector<float> tmp;
       size_t at = 0;
       for (const StoredTensor* b : {&qb, &kb, &vb}) {
+        const int64_t expected = b == &qb ? c.q_dim() : c.kv_dim();
+        if (b->rows != 1 || b->cols != expected)
+          fail(ErrorKind::kCorrupt, "'{}': bias '{}' has {} x {} elements, expected {}", checkpoint.path(), b->name,
+               b->rows, b->cols, expected);
         tmp.resize(size_t(b->cols));
-        if (b->rows != 1) fail(ErrorKind::kCorrupt, "'{}': bias '{}' is not a vector", checkpoint.path(), b->name);
         b->read_rows(0, 1, tmp.data());
         const bool reorder = interleaved && b != &vb;
         for (int64_t i = 0; i < b->cols; ++i) bias[at + size_t(i)] = tmp[size_t(source_row(Part{b, reorder, c.head_dim}, i))];
         at += size_t(b->cols);
       }
-      if (at != bias.size()) fail(ErrorKind::kCorrupt, "'{}': q/k/v bias sizes do not match the heads", checkpoint.path());
       auto buffer = backend.allocate(bias.size() * 4);
       backend.upload(buffer->data(), bias.data(), bias.size() * 4);
       w.buffers.push_back(buffer);
