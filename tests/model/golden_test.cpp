@@ -12,9 +12,8 @@
 
 #include <nlohmann/json.hpp>
 
+#include "model_runner.h"
 #include "pagoda/backend/cpu/cpu_backend.h"
-#include "pagoda/kv/block_pool.h"
-#include "pagoda/kv/block_table.h"
 #include "pagoda/core/default_model.h"
 #include "pagoda/model/model.h"
 
@@ -61,23 +60,8 @@ class GoldenModel : public ::testing::Test {
     checkpoint_.reset();
   }
 
-  // Runs `ids` through the model in chunks of `chunk` tokens on a fresh sequence; returns the
-  // logits after each chunk.
   static std::vector<std::vector<float>> run_chunks(const std::vector<int32_t>& ids, size_t chunk) {
-    kv::BlockPool pool(kNumBlocks, kBlockSize);
-    kv::BlockTable table;
-    std::vector<std::vector<float>> out;
-    for (size_t begin = 0; begin < ids.size(); begin += chunk) {
-      const size_t n = std::min(chunk, ids.size() - begin);
-      kv::append_tokens(table, int32_t(n), pool);
-      const SequenceChunk c{.tokens = std::span(ids).subspan(begin, n),
-                            .start_pos = int32_t(begin),
-                            .block_ids = table.block_ids,
-                            .want_logits = true};
-      const auto logits = model_->forward({&c, 1});
-      out.emplace_back(logits.begin(), logits.end());
-    }
-    return out;
+    return testing::run_chunks(*model_, ids, chunk, kNumBlocks, kBlockSize);
   }
 
   static constexpr int32_t kNumBlocks = 64, kBlockSize = 16;
@@ -86,14 +70,6 @@ class GoldenModel : public ::testing::Test {
   static inline std::unique_ptr<CpuBackend> backend_;
   static inline std::unique_ptr<Model> model_;
 };
-
-// max |a - b| over max(b) - min(b): the tolerance is a fraction of the logit range.
-double relative_max_diff(std::span<const float> a, std::span<const float> b) {
-  double diff = 0;
-  for (size_t i = 0; i < a.size(); ++i) diff = std::max(diff, double(std::fabs(a[i] - b[i])));
-  const auto [lo, hi] = std::minmax_element(b.begin(), b.end());
-  return diff / double(*hi - *lo);
-}
 
 TEST_F(GoldenModel, ConfigMatchesTransformers) {
   const ModelConfig& c = model_->config();
@@ -113,7 +89,7 @@ TEST_F(GoldenModel, LastPositionLogitsMatch) {
   for (const GoldenPrompt& p : prompts_) {
     const auto logits = run_chunks(p.ids, p.ids.size()).back();
     ASSERT_EQ(logits.size(), p.last_logits.size()) << p.name;
-    const double rel = relative_max_diff(logits, p.last_logits);
+    const double rel = testing::relative_max_diff(logits, p.last_logits);
     std::printf("  %-12s %3zu tokens: max |diff| = %.2e of the logit range\n", p.name.c_str(), p.ids.size(), rel);
     EXPECT_LE(rel, 2e-3) << p.name;
     EXPECT_EQ(std::max_element(logits.begin(), logits.end()) - logits.begin(),
@@ -133,7 +109,7 @@ TEST_F(GoldenModel, EveryPositionMatchesWhenDecodingTokenByToken) {
     const auto steps = run_chunks(p.ids, chunk);
     for (size_t s = 0; s < steps.size(); ++s) {
       const size_t pos = std::min((s + 1) * chunk, p.ids.size()) - 1;
-      EXPECT_LE(relative_max_diff(steps[s], std::span(all).subspan(pos * vocab, vocab)), 2e-3)
+      EXPECT_LE(testing::relative_max_diff(steps[s], std::span(all).subspan(pos * vocab, vocab)), 2e-3)
           << "chunk " << chunk << " position " << pos;
     }
   }

@@ -22,6 +22,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "model_runner.h"
 #include "pagoda/backend/cpu/cpu_backend.h"
 #include "pagoda/kv/block_pool.h"
 #include "pagoda/kv/block_table.h"
@@ -51,14 +52,6 @@ nlohmann::json read_json(const std::string& path) {
   return nlohmann::json::parse(in);
 }
 
-// max |a - b| over max(b) - min(b).
-double relative_max_diff(std::span<const float> a, std::span<const float> b) {
-  double diff = 0;
-  for (size_t i = 0; i < a.size(); ++i) diff = std::max(diff, double(std::fabs(a[i] - b[i])));
-  const auto [lo, hi] = std::minmax_element(b.begin(), b.end());
-  return diff / double(*hi - *lo);
-}
-
 int32_t argmax(std::span<const float> v) { return int32_t(std::max_element(v.begin(), v.end()) - v.begin()); }
 
 // One fixture model, loaded with f32 weights and a KV cache.
@@ -69,22 +62,8 @@ struct Loaded {
     model.allocate_kv_cache(kNumBlocks, kBlockSize);
   }
 
-  // Feeds `ids` to a fresh sequence in chunks of `chunk` tokens; returns the logits after each.
   std::vector<std::vector<float>> run_chunks(const std::vector<int32_t>& ids, size_t chunk) {
-    kv::BlockPool pool(kNumBlocks, kBlockSize);
-    kv::BlockTable table;
-    std::vector<std::vector<float>> out;
-    for (size_t begin = 0; begin < ids.size(); begin += chunk) {
-      const size_t n = std::min(chunk, ids.size() - begin);
-      kv::append_tokens(table, int32_t(n), pool);
-      const SequenceChunk c{.tokens = std::span(ids).subspan(begin, n),
-                            .start_pos = int32_t(begin),
-                            .block_ids = table.block_ids,
-                            .want_logits = true};
-      const auto logits = model.forward({&c, 1});
-      out.emplace_back(logits.begin(), logits.end());
-    }
-    return out;
+    return testing::run_chunks(model, ids, chunk, kNumBlocks, kBlockSize);
   }
 
   Checkpoint checkpoint;
@@ -152,20 +131,20 @@ TEST_P(HfCheckpoint, EveryPositionMatchesTransformers) {
   double worst_decode = 0, worst_prefill = 0, worst_chunked = 0;
   const auto decode = m.run_chunks(g.ids, 1);
   for (size_t pos = 0; pos < g.ids.size(); ++pos) {
-    const double rel = relative_max_diff(decode[pos], g.at(pos));
+    const double rel = testing::relative_max_diff(decode[pos], g.at(pos));
     worst_decode = std::max(worst_decode, rel);
     EXPECT_LE(rel, kRelTol) << "token by token, position " << pos;
   }
   for (size_t pos = 0; pos < g.ids.size(); ++pos) {
     const std::vector<int32_t> prefix(g.ids.begin(), g.ids.begin() + ptrdiff_t(pos + 1));
-    const double rel = relative_max_diff(m.run_chunks(prefix, prefix.size()).back(), g.at(pos));
+    const double rel = testing::relative_max_diff(m.run_chunks(prefix, prefix.size()).back(), g.at(pos));
     worst_prefill = std::max(worst_prefill, rel);
     EXPECT_LE(rel, kRelTol) << "one chunk, position " << pos;
   }
   const auto chunked = m.run_chunks(g.ids, 7);
   for (size_t s = 0; s < chunked.size(); ++s) {
     const size_t pos = std::min((s + 1) * 7, g.ids.size()) - 1;
-    const double rel = relative_max_diff(chunked[s], g.at(pos));
+    const double rel = testing::relative_max_diff(chunked[s], g.at(pos));
     worst_chunked = std::max(worst_chunked, rel);
     EXPECT_LE(rel, kRelTol) << "chunks of 7, position " << pos;
   }
@@ -224,7 +203,7 @@ TEST(HfCheckpointLegacyConfig, Transformers4RopeKeysGiveTheSameModel) {
   EXPECT_EQ(legacy.rope_scaling.original_max_position, current.rope_scaling.original_max_position);
   {
     Loaded m(dir.string());
-    const double rel = relative_max_diff(m.run_chunks(g.ids, g.ids.size()).back(), g.at(g.ids.size() - 1));
+    const double rel = testing::relative_max_diff(m.run_chunks(g.ids, g.ids.size()).back(), g.at(g.ids.size() - 1));
     EXPECT_LE(rel, kRelTol);
   }
   fs::remove_all(dir);

@@ -1,0 +1,45 @@
+// What the model tests share: running token ids through a Model on a fresh paged sequence, and
+// comparing logits as a fraction of the reference's range.
+#pragma once
+
+#include <algorithm>
+#include <cmath>
+#include <span>
+#include <vector>
+
+#include "pagoda/kv/block_pool.h"
+#include "pagoda/kv/block_table.h"
+#include "pagoda/model/model.h"
+
+namespace pagoda::testing {
+
+// Feeds `ids` to a fresh sequence in chunks of `chunk` tokens (1: token-by-token decode; a
+// chunk that covers everything: one prefill) and returns the logits after each chunk. The
+// model's KV cache must hold num_blocks blocks of block_size tokens.
+inline std::vector<std::vector<float>> run_chunks(Model& model, const std::vector<int32_t>& ids, size_t chunk,
+                                                  int32_t num_blocks, int32_t block_size) {
+  kv::BlockPool pool(num_blocks, block_size);
+  kv::BlockTable table;
+  std::vector<std::vector<float>> out;
+  for (size_t begin = 0; begin < ids.size(); begin += chunk) {
+    const size_t n = std::min(chunk, ids.size() - begin);
+    kv::append_tokens(table, int32_t(n), pool);
+    const SequenceChunk c{.tokens = std::span(ids).subspan(begin, n),
+                          .start_pos = int32_t(begin),
+                          .block_ids = table.block_ids,
+                          .want_logits = true};
+    const auto logits = model.forward({&c, 1});
+    out.emplace_back(logits.begin(), logits.end());
+  }
+  return out;
+}
+
+// max |a - b| over max(b) - min(b): tolerances are fractions of the reference's logit range.
+inline double relative_max_diff(std::span<const float> a, std::span<const float> b) {
+  double diff = 0;
+  for (size_t i = 0; i < a.size(); ++i) diff = std::max(diff, double(std::fabs(a[i] - b[i])));
+  const auto [lo, hi] = std::minmax_element(b.begin(), b.end());
+  return diff / double(*hi - *lo);
+}
+
+}  // namespace pagoda::testing
