@@ -22,15 +22,6 @@ namespace {
 
 const std::string kFixtures = std::string(PAGODA_SOURCE_DIR) + "/tests/model/fixtures/";
 
-std::vector<float> read_f32(const std::string& path) {
-  std::ifstream in(path, std::ios::binary | std::ios::ate);
-  if (!in) throw std::runtime_error("missing fixture " + path);
-  std::vector<float> v(static_cast<size_t>(in.tellg()) / sizeof(float));
-  in.seekg(0);
-  in.read(reinterpret_cast<char*>(v.data()), std::streamsize(v.size() * sizeof(float)));
-  return v;
-}
-
 struct GoldenPrompt {
   std::string name;
   std::vector<int32_t> ids;
@@ -47,7 +38,7 @@ class GoldenModel : public ::testing::Test {
     for (const auto& p : j.at("prompts")) {
       prompts_.push_back({p.at("name").get<std::string>(), p.at("token_ids").get<std::vector<int32_t>>(),
                           p.at("greedy_ids").get<std::vector<int32_t>>(),
-                          read_f32(kFixtures + p.at("last_logits").at("file").get<std::string>())});
+                          testing::read_f32(kFixtures + p.at("last_logits").at("file").get<std::string>())});
     }
     checkpoint_ = std::make_unique<Checkpoint>(Checkpoint::open(default_model_path()));
     backend_ = std::make_unique<CpuBackend>();
@@ -102,7 +93,7 @@ TEST_F(GoldenModel, LastPositionLogitsMatch) {
 // every position must match transformers' full-sequence forward.
 TEST_F(GoldenModel, EveryPositionMatchesWhenDecodingTokenByToken) {
   const GoldenPrompt& p = prompts_.front();
-  const std::vector<float> all = read_f32(kFixtures + "smollm2_" + p.name + "_all_logits.f32");
+  const std::vector<float> all = testing::read_f32(kFixtures + "smollm2_" + p.name + "_all_logits.f32");
   const size_t vocab = p.last_logits.size();
   ASSERT_EQ(all.size(), p.ids.size() * vocab);
   for (size_t chunk : {size_t(1), size_t(3)}) {

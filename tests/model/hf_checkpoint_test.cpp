@@ -37,15 +37,6 @@ const std::string kFixtures = std::string(PAGODA_SOURCE_DIR) + "/tests/model/fix
 constexpr double kRelTol = 1e-4;  // of the logit range
 constexpr int32_t kNumBlocks = 64, kBlockSize = 16;
 
-std::vector<float> read_f32(const std::string& path) {
-  std::ifstream in(path, std::ios::binary | std::ios::ate);
-  if (!in) throw std::runtime_error("missing fixture " + path);
-  std::vector<float> v(static_cast<size_t>(in.tellg()) / sizeof(float));
-  in.seekg(0);
-  in.read(reinterpret_cast<char*>(v.data()), std::streamsize(v.size() * sizeof(float)));
-  return v;
-}
-
 nlohmann::json read_json(const std::string& path) {
   std::ifstream in(path);
   if (!in) throw std::runtime_error("missing fixture " + path);
@@ -77,7 +68,7 @@ struct Golden {
         json(read_json(folder + "/golden.json")),
         ids(json.at("prompt_ids").get<std::vector<int32_t>>()),
         greedy(json.at("greedy_ids").get<std::vector<int32_t>>()),
-        logits(read_f32(folder + "/" + json.at("logits_file").get<std::string>())),
+        logits(testing::read_f32(folder + "/" + json.at("logits_file").get<std::string>())),
         vocab(json.at("logits_shape").at(1).get<size_t>()) {}
 
   std::span<const float> at(size_t pos) const { return std::span(logits).subspan(pos * vocab, vocab); }

@@ -1,9 +1,12 @@
-// What the model tests share: running token ids through a Model on a fresh paged sequence, and
-// comparing logits as a fraction of the reference's range.
+// What the model tests share: reading reference logits, running token ids through a Model on a
+// fresh paged sequence, and comparing logits as a fraction of the reference's range.
 #pragma once
 
 #include <algorithm>
 #include <cmath>
+#include <fstream>
+#include <stdexcept>
+#include <string>
 #include <span>
 #include <vector>
 
@@ -12,6 +15,17 @@
 #include "pagoda/model/model.h"
 
 namespace pagoda::testing {
+
+// A fixture of raw little-endian f32 values (as tools/ writes them).
+inline std::vector<float> read_f32(const std::string& path) {
+  std::ifstream in(path, std::ios::binary | std::ios::ate);
+  if (!in) throw std::runtime_error("missing fixture " + path);
+  std::vector<float> v(static_cast<size_t>(in.tellg()) / sizeof(float));
+  in.seekg(0);
+  in.read(reinterpret_cast<char*>(v.data()), std::streamsize(v.size() * sizeof(float)));
+  return v;
+}
+
 
 // Feeds `ids` to a fresh sequence in chunks of `chunk` tokens (1: token-by-token decode; a
 // chunk that covers everything: one prefill) and returns the logits after each chunk. The

@@ -27,8 +27,7 @@ ChatTemplate choose_template(const std::string& name, const Tokenizer& tokenizer
 void register_chat(CLI::App& app) {
   struct Flags {
     ModelFlags model;
-    SamplingParams sampling;
-    int max_tokens = 512;
+    SamplingParams sampling{.max_tokens = 512};
     std::string chat_template;
     std::string system;
     std::string once;
@@ -37,13 +36,12 @@ void register_chat(CLI::App& app) {
   auto flags = std::make_shared<Flags>();
   CLI::App* cmd = app.add_subcommand("chat", "talk with the model (its chat template applied)");
   add_model_flags(*cmd, flags->model);
-  add_sampling_flags(*cmd, flags->sampling, flags->max_tokens);
+  add_sampling_flags(*cmd, flags->sampling);
   cmd->add_option("--chat-template", flags->chat_template, "chatml, llama3 or llama2 (default: from the model)");
   cmd->add_option("--system", flags->system, "system prompt");
   cmd->add_option("--once", flags->once, "answer this one message and exit");
   cmd->add_flag("--speed", flags->show_speed, "print prefill and decode speed after each answer");
   cmd->callback([flags] {
-    flags->sampling.max_tokens = flags->max_tokens;
     validate(flags->sampling);
     if (!flags->chat_template.empty()) chat_template_by_name(flags->chat_template);  // fail before loading
     Session session(flags->model);

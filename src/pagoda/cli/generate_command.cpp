@@ -10,19 +10,17 @@ namespace pagoda::cli {
 void register_generate(CLI::App& app) {
   struct Flags {
     ModelFlags model;
-    SamplingParams sampling;
-    int max_tokens = 128;
+    SamplingParams sampling{.max_tokens = 128};
     std::string prompt;
     bool no_bos = false;
   };
   auto flags = std::make_shared<Flags>();
   CLI::App* cmd = app.add_subcommand("generate", "complete a prompt, streaming the text");
   add_model_flags(*cmd, flags->model);
-  add_sampling_flags(*cmd, flags->sampling, flags->max_tokens);
+  add_sampling_flags(*cmd, flags->sampling);
   cmd->add_option("-p,--prompt", flags->prompt, "the text to complete")->required();
   cmd->add_flag("--no-bos", flags->no_bos, "do not add the BOS token even if the model wants one");
   cmd->callback([flags] {
-    flags->sampling.max_tokens = flags->max_tokens;
     validate(flags->sampling);
     Session session(flags->model);
     Engine engine(*session.model, session.tokenizer, session.engine_options);

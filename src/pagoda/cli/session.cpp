@@ -37,12 +37,12 @@ void add_model_flags(CLI::App& app, ModelFlags& flags) {
   app.add_option("--step-tokens", flags.step_tokens, "tokens per forward pass, for chunked prefill (default 512)");
 }
 
-void add_sampling_flags(CLI::App& app, SamplingParams& params, int& max_tokens) {
+void add_sampling_flags(CLI::App& app, SamplingParams& params) {
   params.temperature = 0.8f;
   params.top_k = 40;
   params.top_p = 0.95f;
   params.min_p = 0.05f;
-  app.add_option("-n,--max-tokens", max_tokens, "most tokens to generate");
+  app.add_option("-n,--max-tokens", params.max_tokens, "most tokens to generate");
   app.add_option("--temp,--temperature", params.temperature, "sampling temperature; 0 is greedy (default 0.8)");
   app.add_option("--top-k", params.top_k, "keep the k most likely tokens; 0 is off (default 40)");
   app.add_option("--top-p", params.top_p, "nucleus sampling mass in (0, 1] (default 0.95)");

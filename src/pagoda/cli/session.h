@@ -26,8 +26,9 @@ struct ModelFlags {
 };
 
 void add_model_flags(CLI::App& app, ModelFlags& flags);
-// Sampling flags with llama.cpp's defaults (temperature 0.8, top-k 40, top-p 0.95, min-p 0.05).
-void add_sampling_flags(CLI::App& app, SamplingParams& params, int& max_tokens);
+// Sampling flags with llama.cpp's defaults (temperature 0.8, top-k 40, top-p 0.95, min-p 0.05);
+// -n binds to params.max_tokens, whose current value is the command's default.
+void add_sampling_flags(CLI::App& app, SamplingParams& params);
 
 struct Session {
   explicit Session(const ModelFlags& flags);
