@@ -39,6 +39,11 @@ fuzz: setup
 	  grep -E "stat::number_of_executed_units|Done" build-fuzz/fuzz_$$t.log | tail -n 2; \
 	done
 
+# The GPU tests, where the whole toolchain (scripts/setup.sh) is installed. The lent GPU machines
+# have nvcc, CMake, ninja and g++ but not Debian's dev packages, and no network; there:
+#   here:   bash scripts/fetch_device_deps.sh            (.debs into .device-deps/, git-ignored)
+#   device: bash scripts/device_build.sh pagoda gpu_tests && ./build/gpu_tests
+# (carry .device-deps to the device: the run tool copies ignored paths only when named in carry).
 gpu-test: build
 	./build/gpu_tests
 
