@@ -75,10 +75,35 @@ TEST(PlanDecode, SplitsLongKvWhenTheBatchIsSmall) {
   const DecodeBatch batch = batch_of({3000});
   const AttentionShape shape = shape_of(9, 3);
   const DecodePlan plan = plan_decode(batch, shape, DeviceInfo{.num_workers = 32});
-  // 9000 head-tokens over 32 workers: 282, rounded up to whole blocks.
-  EXPECT_EQ(plan.kv_tokens_per_item, 288);
-  EXPECT_EQ(plan.items.size(), 3u * 11u);  // ceil(3000 / 288) items per kv head
+  // At most 32 items: 10 per kv head, and 304 is the smallest whole-block chunk that cuts 3000
+  // tokens into 10 (288 would make 11).
+  EXPECT_EQ(plan.kv_tokens_per_item, 304);
+  EXPECT_EQ(plan.items.size(), 3u * 10u);
   EXPECT_EQ(plan.merges.size(), 3u);
+  expect_well_formed(plan, batch, shape);
+}
+
+// An H200-like device: 132 SMs x 2 resident CTAs. 8 sequences x 8 kv heads = 64 units: each is
+// cut into 4 equal pieces (256 items, one round); 5 pieces would need a second round.
+TEST(PlanDecode, SplitFillsOneRoundOfWorkersWithEqualPieces) {
+  const DecodeBatch batch = batch_of(std::vector<int32_t>(8, 32768));
+  const AttentionShape shape = shape_of(32, 8);
+  const DecodePlan plan = plan_decode(batch, shape, DeviceInfo{.num_workers = 264});
+  EXPECT_EQ(plan.kv_tokens_per_item, 8192);
+  EXPECT_EQ(plan.items.size(), 256u);
+  expect_well_formed(plan, batch, shape);
+}
+
+// One long and one one-token sequence: the long one is cut so that it does not run alone on
+// one worker while the others idle.
+TEST(PlanDecode, SplitCutsTheLongSequenceOfAMixedBatch) {
+  const DecodeBatch batch = batch_of({1, 32768});
+  const AttentionShape shape = shape_of(32, 8);
+  const DecodePlan plan = plan_decode(batch, shape, DeviceInfo{.num_workers = 264});
+  // 8 items for the short sequence leave 256: 32 pieces of 1024 per kv head.
+  EXPECT_EQ(plan.kv_tokens_per_item, 1024);
+  EXPECT_EQ(plan.items.size(), 8u + 8u * 32u);
+  EXPECT_EQ(plan.merges.size(), 8u);
   expect_well_formed(plan, batch, shape);
 }
 

@@ -30,8 +30,18 @@ void validate(const DecodeBatch& batch, const AttentionShape& shape) {
   }
 }
 
+// Items the batch makes when every sequence longer than `chunk` is cut into chunk-token pieces.
+int64_t count_items(const DecodeBatch& batch, const AttentionShape& shape, int64_t chunk) {
+  int64_t items = 0;
+  for (int32_t length : batch.kv_lengths) items += std::max<int64_t>(1, (length + chunk - 1) / chunk);
+  return items * shape.num_kv_heads;
+}
+
 // Tokens per item, or 0 for no split. Splitting pays only when the batch alone cannot keep the
-// workers busy: then the KV is cut so that there are about as many items as workers.
+// workers busy; then the KV is cut into the smallest pieces (whole blocks, at least
+// min_kv_tokens_per_item) whose items still fit in one round of the workers. Smaller pieces
+// would leave a second, mostly idle round; for equal lengths the pieces come out equal, so no
+// worker waits on a longer one.
 int32_t choose_chunk(const DecodeBatch& batch, const AttentionShape& shape,
                      const DeviceInfo& device, const PlanOptions& options) {
   const int64_t bs = shape.block_size;
@@ -42,12 +52,19 @@ int32_t choose_chunk(const DecodeBatch& batch, const AttentionShape& shape,
   const int64_t workers = std::max(device.num_workers, 1);
   const int64_t units = int64_t(batch.num_seqs()) * shape.num_kv_heads;
   if (units == 0 || units >= workers) return 0;
-  int64_t total_tokens = 0;
-  for (int32_t length : batch.kv_lengths) total_tokens += length;
-  total_tokens *= shape.num_kv_heads;
-  const int64_t per_worker = (total_tokens + workers - 1) / workers;
-  const int64_t chunk = std::max<int64_t>(per_worker, options.min_kv_tokens_per_item);
-  return int32_t(std::min<int64_t>((chunk + bs - 1) / bs * bs, INT32_MAX / bs * bs));
+  const int64_t longest = *std::max_element(batch.kv_lengths.begin(), batch.kv_lengths.end());
+  int64_t lo = std::max<int64_t>(bs, (options.min_kv_tokens_per_item + bs - 1) / bs * bs);
+  int64_t hi = (longest + bs - 1) / bs * bs;  // no split: units <= workers items
+  if (lo >= hi) return 0;
+  while (lo < hi) {  // count_items falls as chunk grows: the smallest chunk that fits
+    const int64_t mid = (lo + hi) / 2 / bs * bs;
+    if (count_items(batch, shape, mid) <= workers) {
+      hi = mid;
+    } else {
+      lo = mid + bs;
+    }
+  }
+  return lo >= longest ? 0 : int32_t(std::min<int64_t>(lo, INT32_MAX / bs * bs));
 }
 
 }  // namespace
