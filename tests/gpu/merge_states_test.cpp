@@ -8,53 +8,76 @@
 #include <vector>
 
 #include "pagoda/backend/cuda/check.h"
+#include "pagoda/backend/cuda/device_array.h"
+#include "pagoda/core/half.h"
 
 namespace pagoda::cuda {
 namespace {
 
-// Reference: the exact softmax-weighted combination computed on the host in double.
+// Reference: the exact softmax-weighted combination of each task's slots, on the host in double.
+// Split decode never produces an empty partial, so the empty cases are only reachable here.
 TEST(GpuMergeStates, MatchesHostMerge) {
   if (!device_available()) GTEST_SKIP() << "no CUDA device";
-  const int splits = 5, rows = 37, dim = 128;
+  const int group = 3, num_q_heads = 6, dim = 128, num_seqs = 2;
+  // Tasks with 1, 9 and 2 partials; every partial of (seq 1, kv head 0) is empty, and one slot of
+  // (seq 0, kv head 1) is.
+  const std::vector<attention::MergeTask> tasks = {
+      {.seq = 0, .kv_head = 0, .partial_begin = 0, .num_partials = 1},
+      {.seq = 0, .kv_head = 1, .partial_begin = 1, .num_partials = 9},
+      {.seq = 1, .kv_head = 0, .partial_begin = 10, .num_partials = 2},
+  };
+  const int slots = 12;
   std::mt19937 rng(7);
   std::normal_distribution<float> normal;
-  std::vector<float> o(size_t(splits) * rows * dim), lse(size_t(splits) * rows);
+  std::vector<float> o(size_t(slots) * group * dim), lse(size_t(slots) * group);
   for (auto& x : o) x = normal(rng);
   for (auto& x : lse) x = 4.f * normal(rng);
-  for (int s = 0; s < splits; ++s) lse[size_t(s) * rows + 3] = -INFINITY;  // an all-empty row
-  lse[size_t(2) * rows + 5] = -INFINITY;                                     // one empty split
+  for (int s = 10; s < 12; ++s) {
+    for (int r = 0; r < group; ++r) lse[size_t(s) * group + r] = -INFINITY;
+  }
+  for (int r = 0; r < group; ++r) lse[size_t(3) * group + r] = -INFINITY;
 
-  float *d_o, *d_lse, *d_out, *d_out_lse;
-  check_cuda(cudaMalloc(&d_o, o.size() * 4), "malloc");
-  check_cuda(cudaMalloc(&d_lse, lse.size() * 4), "malloc");
-  check_cuda(cudaMalloc(&d_out, size_t(rows) * dim * 4), "malloc");
-  check_cuda(cudaMalloc(&d_out_lse, size_t(rows) * 4), "malloc");
-  cudaMemcpy(d_o, o.data(), o.size() * 4, cudaMemcpyHostToDevice);
-  cudaMemcpy(d_lse, lse.data(), lse.size() * 4, cudaMemcpyHostToDevice);
-  merge_states(d_o, d_lse, splits, rows, dim, d_out, d_out_lse, nullptr);
-  std::vector<float> out(size_t(rows) * dim), out_lse(rows);
-  cudaMemcpy(out.data(), d_out, out.size() * 4, cudaMemcpyDeviceToHost);
-  cudaMemcpy(out_lse.data(), d_out_lse, out_lse.size() * 4, cudaMemcpyDeviceToHost);
+  DeviceArray<attention::MergeTask> d_tasks;
+  DeviceArray<float> d_o, d_lse, d_out_lse(size_t(num_seqs) * num_q_heads);
+  DeviceArray<uint16_t> d_out(size_t(num_seqs) * num_q_heads * dim);
+  d_tasks.upload(tasks);
+  d_o.upload(o);
+  d_lse.upload(lse);
+  check_cuda(cudaMemset(d_out.data(), 0xff, d_out.bytes()), "memset");
+  merge_partial_states(d_tasks.data(), int(tasks.size()), group, num_q_heads, dim, d_o.data(),
+                       d_lse.data(), DType::kF16, d_out.data(), d_out_lse.data(), nullptr);
+  check_cuda(cudaDeviceSynchronize(), "sync");
+  const std::vector<uint16_t> out = d_out.download();
+  const std::vector<float> out_lse = d_out_lse.download();
 
-  for (int r = 0; r < rows; ++r) {
-    double m = -INFINITY;
-    for (int s = 0; s < splits; ++s) m = std::max(m, double(lse[size_t(s) * rows + r]));
-    if (std::isinf(m)) {
-      EXPECT_TRUE(std::isinf(out_lse[r]) && out_lse[r] < 0);
-      for (int d = 0; d < dim; ++d) EXPECT_EQ(out[size_t(r) * dim + d], 0.f);
-      continue;
-    }
-    double sum = 0;
-    for (int s = 0; s < splits; ++s) sum += std::exp(lse[size_t(s) * rows + r] - m);
-    EXPECT_NEAR(out_lse[r], m + std::log(sum), 1e-4);
-    for (int d = 0; d < dim; ++d) {
-      double acc = 0;
-      for (int s = 0; s < splits; ++s)
-        acc += std::exp(lse[size_t(s) * rows + r] - m) * o[(size_t(s) * rows + r) * dim + d];
-      EXPECT_NEAR(out[size_t(r) * dim + d], acc / sum, 1e-4);
+  for (const attention::MergeTask& task : tasks) {
+    for (int r = 0; r < group; ++r) {
+      const size_t row = size_t(task.seq) * num_q_heads + size_t(task.kv_head) * group + size_t(r);
+      double m = -INFINITY;
+      for (int s = task.partial_begin; s < task.partial_begin + task.num_partials; ++s) {
+        m = std::max(m, double(lse[size_t(s) * group + r]));
+      }
+      if (std::isinf(m)) {
+        EXPECT_TRUE(std::isinf(out_lse[row]) && out_lse[row] < 0);
+        for (int d = 0; d < dim; ++d) EXPECT_EQ(f16_to_f32(out[row * dim + d]), 0.f);
+        continue;
+      }
+      double sum = 0;
+      for (int s = task.partial_begin; s < task.partial_begin + task.num_partials; ++s) {
+        sum += std::exp(lse[size_t(s) * group + r] - m);
+      }
+      EXPECT_NEAR(out_lse[row], m + std::log(sum), 1e-4);
+      for (int d = 0; d < dim; ++d) {
+        double acc = 0;
+        for (int s = task.partial_begin; s < task.partial_begin + task.num_partials; ++s) {
+          const size_t slot = size_t(s) * group + r;
+          acc += std::exp(lse[slot] - m) * o[slot * dim + d];
+        }
+        // fp16 output: half an ulp at |x| < 4 is under 2e-3.
+        EXPECT_NEAR(f16_to_f32(out[row * dim + d]), acc / sum, 2e-3) << "row " << row << " d " << d;
+      }
     }
   }
-  cudaFree(d_o); cudaFree(d_lse); cudaFree(d_out); cudaFree(d_out_lse);
 }
 
 }  // namespace

@@ -15,6 +15,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "pagoda/cli/bench_report.h"
 #include "pagoda/cli/commands.h"
 #include "pagoda/cli/session.h"
 #include "pagoda/core/error.h"
@@ -130,18 +131,6 @@ std::string cpu_name() {
   return "unknown CPU";
 }
 
-// The checkout's commit when run from one ("unknown" otherwise): results name the code they measured.
-std::string git_commit() {
-  std::string commit;
-  if (FILE* pipe = ::popen("git rev-parse --short HEAD 2>/dev/null", "r")) {
-    char buffer[64];
-    if (std::fgets(buffer, sizeof buffer, pipe)) commit = buffer;
-    ::pclose(pipe);
-  }
-  while (!commit.empty() && commit.back() == '\n') commit.pop_back();
-  return commit.empty() ? "unknown" : commit;
-}
-
 }  // namespace
 
 void register_bench(CLI::App& app) {
@@ -237,6 +226,7 @@ void register_bench(CLI::App& app) {
       std::fprintf(stderr, "bench: wrote %s\n", flags->json_path.c_str());
     }
   });
+  register_bench_attention(*bench);
 }
 
 }  // namespace pagoda::cli

@@ -1,52 +1,112 @@
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
 #include <cmath>
 
 #include "pagoda/backend/cuda/check.h"
+#include "pagoda/backend/cuda/kernels/ptx.cuh"
 #include "pagoda/backend/cuda/merge_states.h"
 
 namespace pagoda::cuda {
 namespace {
 
-// One warp per row: the lanes first agree on the max lse, then each lane merges a slice of the
-// head dimension. Every split contributes exp(lse_s - max) of weight; an all-empty row (every lse
-// -inf) yields o = 0 and lse = -inf rather than the NaN that exp(-inf - -inf) would give.
-__global__ void merge_states_kernel(const float* __restrict__ partial_o,
-                                    const float* __restrict__ partial_lse, int num_splits,
-                                    int num_rows, int head_dim, float* __restrict__ out_o,
-                                    float* __restrict__ out_lse) {
-  const int row = blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32;
+constexpr int kWarps = 4;
+constexpr int kMaxDimsPerLane = 8;  // head_dim <= 256
+
+// One CTA per output row. The row's partials are dealt round-robin to the warps, so that the
+// loads of a long split (dozens of partials) are spread over four warps in flight at once; every
+// lane of a warp owns head_dim / 32 dims. Each partial weighs exp(lse_s - max); a row whose
+// partials are all empty (lse -inf) gets o = 0 and lse = -inf rather than the NaN of
+// exp(-inf - -inf).
+template <typename T>
+__global__ void __launch_bounds__(kWarps * 32)
+    merge_partial_states_kernel(const attention::MergeTask* __restrict__ merges, int group,
+                                int num_q_heads, int head_dim, const float* __restrict__ partial_o,
+                                const float* __restrict__ partial_lse, T* __restrict__ out,
+                                float* __restrict__ lse) {
+  __shared__ float warp_max[kWarps];
+  __shared__ float warp_weight[kWarps];
+  extern __shared__ float warp_acc[];  // [kWarps][head_dim]
+  const attention::MergeTask task = merges[blockIdx.x / group];
+  const int r = blockIdx.x % group;
+  ptx::wait_prerequisite_grid();  // launched early (programmatic dependent launch): wait for the partials
+  const int warp = threadIdx.x / 32;
   const int lane = threadIdx.x % 32;
-  if (row >= num_rows) return;
+  const int64_t row = int64_t(task.seq) * num_q_heads + int64_t(task.kv_head) * group + r;
+  const int first = task.partial_begin;
+  const int last = task.partial_begin + task.num_partials;
 
   float max_lse = -INFINITY;
-  for (int s = 0; s < num_splits; ++s) max_lse = fmaxf(max_lse, partial_lse[s * num_rows + row]);
+  for (int s = first + int(threadIdx.x); s < last; s += kWarps * 32) {
+    max_lse = fmaxf(max_lse, partial_lse[int64_t(s) * group + r]);
+  }
+  for (int offset = 16; offset > 0; offset /= 2) max_lse = fmaxf(max_lse, __shfl_xor_sync(0xffffffffu, max_lse, offset));
+  if (lane == 0) warp_max[warp] = max_lse;
+  __syncthreads();
+  max_lse = fmaxf(fmaxf(warp_max[0], warp_max[1]), fmaxf(warp_max[2], warp_max[3]));
   if (max_lse == -INFINITY) {
-    for (int d = lane; d < head_dim; d += 32) out_o[size_t(row) * head_dim + d] = 0.f;
-    if (out_lse && lane == 0) out_lse[row] = -INFINITY;
+    for (int d = threadIdx.x; d < head_dim; d += kWarps * 32) out[row * head_dim + d] = ptx::from_float<T>(0.f);
+    if (lse && threadIdx.x == 0) lse[row] = -INFINITY;
     return;
   }
+
   float weight_sum = 0.f;
-  for (int s = 0; s < num_splits; ++s) weight_sum += __expf(partial_lse[s * num_rows + row] - max_lse);
-  const float inv_sum = 1.f / weight_sum;
-  for (int d = lane; d < head_dim; d += 32) {
-    float acc = 0.f;
-    for (int s = 0; s < num_splits; ++s) {
-      const float w = __expf(partial_lse[s * num_rows + row] - max_lse);
-      acc += w * partial_o[(size_t(s) * num_rows + row) * head_dim + d];
+  float acc[kMaxDimsPerLane] = {};
+  for (int s = first + warp; s < last; s += kWarps) {
+    const int64_t slot = int64_t(s) * group + r;
+    const float weight = __expf(partial_lse[slot] - max_lse);
+    weight_sum += weight;
+#pragma unroll
+    for (int i = 0; i < kMaxDimsPerLane; ++i) {
+      const int d = lane + 32 * i;
+      if (d < head_dim) acc[i] += weight * partial_o[slot * head_dim + d];
     }
-    out_o[size_t(row) * head_dim + d] = acc * inv_sum;
   }
-  if (out_lse && lane == 0) out_lse[row] = max_lse + logf(weight_sum);
+#pragma unroll
+  for (int i = 0; i < kMaxDimsPerLane; ++i) {
+    if (lane + 32 * i < head_dim) warp_acc[warp * head_dim + lane + 32 * i] = acc[i];
+  }
+  if (lane == 0) warp_weight[warp] = weight_sum;
+  __syncthreads();
+  const float total = warp_weight[0] + warp_weight[1] + warp_weight[2] + warp_weight[3];
+  for (int d = threadIdx.x; d < head_dim; d += kWarps * 32) {
+    float sum = 0.f;
+#pragma unroll
+    for (int w = 0; w < kWarps; ++w) sum += warp_acc[w * head_dim + d];
+    out[row * head_dim + d] = ptx::from_float<T>(sum / total);
+  }
+  if (lse && threadIdx.x == 0) lse[row] = max_lse + logf(total);
 }
 
 }  // namespace
 
-void merge_states(const float* partial_o, const float* partial_lse, int num_splits, int num_rows,
-                  int head_dim, float* out_o, float* out_lse, cudaStream_t stream) {
-  constexpr int kWarpsPerBlock = 4;
-  const int blocks = (num_rows + kWarpsPerBlock - 1) / kWarpsPerBlock;
-  merge_states_kernel<<<blocks, kWarpsPerBlock * 32, 0, stream>>>(
-      partial_o, partial_lse, num_splits, num_rows, head_dim, out_o, out_lse);
-  check_cuda(cudaGetLastError(), "merge_states launch");
+void merge_partial_states(const attention::MergeTask* merges, int num_merges, int group,
+                          int num_q_heads, int head_dim, const float* partial_o,
+                          const float* partial_lse, DType out_dtype, void* out, float* lse,
+                          cudaStream_t stream) {
+  if (num_merges == 0) return;
+  // Programmatic dependent launch: the merge's launch and CTA start-up overlap the tail of the
+  // kernel that wrote the partials (which calls launch_dependents); its CTAs then wait for that
+  // grid. At batch 1 the two launches are a large share of the step.
+  cudaLaunchAttribute attribute{};
+  attribute.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attribute.val.programmaticStreamSerializationAllowed = 1;
+  cudaLaunchConfig_t config{};
+  config.gridDim = dim3(unsigned(num_merges * group));
+  config.blockDim = dim3(kWarps * 32);
+  config.dynamicSmemBytes = size_t(kWarps) * size_t(head_dim) * sizeof(float);
+  config.stream = stream;
+  config.attrs = &attribute;
+  config.numAttrs = 1;
+  if (out_dtype == DType::kF16) {
+    check_cuda(cudaLaunchKernelEx(&config, merge_partial_states_kernel<__half>, merges, group, num_q_heads,
+                                  head_dim, partial_o, partial_lse, static_cast<__half*>(out), lse),
+               "merge_partial_states launch");
+  } else {
+    check_cuda(cudaLaunchKernelEx(&config, merge_partial_states_kernel<__nv_bfloat16>, merges, group, num_q_heads,
+                                  head_dim, partial_o, partial_lse, static_cast<__nv_bfloat16*>(out), lse),
+               "merge_partial_states launch");
+  }
 }
 
 }  // namespace pagoda::cuda

@@ -1,15 +1,24 @@
-// The attention-state merge (⊕ of the cascade paper) on the GPU, for split-KV decode: partial
-// states (o, lse) of the same query rows over disjoint KV ranges combine into one.
+// The attention-state merge (⊕ of the cascade paper, attention/merge.h) on the GPU: folds the
+// partial states of each of a plan's merge tasks into its output rows. Split-KV decode ends here.
 #pragma once
 
 #include <cuda_runtime.h>
 
+#include "pagoda/attention/plan.h"
+#include "pagoda/core/dtype.h"
+
 namespace pagoda::cuda {
 
-// partial_o:   [num_splits, num_rows, head_dim] fp32, each normalized over its own KV range
-// partial_lse: [num_splits, num_rows] fp32, log(sum(exp(s))) over that range; -inf when empty
-// out_o:       [num_rows, head_dim] fp32;  out_lse: [num_rows] fp32, may be null
-void merge_states(const float* partial_o, const float* partial_lse, int num_splits, int num_rows,
-                  int head_dim, float* out_o, float* out_lse, cudaStream_t stream);
+// merges:      [num_merges] on the device; task m folds slots [partial_begin, + num_partials)
+// partial_o:   [num_partials, group, head_dim] fp32 (head_dim <= 256), each normalized over its
+//              own KV range
+// partial_lse: [num_partials, group] fp32, log(sum(exp(s))) over that range; -inf when empty
+// out:         [num_seqs, num_q_heads, head_dim] of out_dtype (f16 or bf16): the task's rows are
+//              q heads kv_head * group + [0, group) of sequence seq
+// lse:         [num_seqs, num_q_heads] fp32, may be null
+void merge_partial_states(const attention::MergeTask* merges, int num_merges, int group,
+                          int num_q_heads, int head_dim, const float* partial_o,
+                          const float* partial_lse, DType out_dtype, void* out, float* lse,
+                          cudaStream_t stream);
 
 }  // namespace pagoda::cuda

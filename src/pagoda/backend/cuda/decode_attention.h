@@ -1,0 +1,71 @@
+// Decode attention on the GPU: runs a DecodePlan (attention/plan.h) over one layer's paged KV
+// pools, then the plan's merges. Two kernels execute the same work items:
+//   kGroupTiled     the production kernel. One CTA per work item reads each KV block once for
+//                   all query heads of its GQA group: tensor-core S = K q^T and O = V^T P,
+//                   a multi-stage cp.async pipeline, fp32 online softmax.
+//   kPaperBaseline  the structure of papers/l2-prefetch-kv-cache.txt (vLLM's xFormers-era paged
+//                   kernel): one CTA per (sequence, query head), one warp per KV block, CUDA-core
+//                   dot products, no GQA sharing. Kept to measure the paper's claim here.
+// Both can prefetch upcoming KV blocks into L2 (cp.async.bulk.prefetch.L2) and mark streamed KV
+// evict_first; DecodeOptions::l2_prefetch and evict_first switch each, for ablation.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "pagoda/attention/decode_batch.h"
+#include "pagoda/attention/plan.h"
+#include "pagoda/backend/cuda/device_array.h"
+#include "pagoda/core/paged_kv.h"
+
+namespace pagoda::cuda {
+
+enum class DecodeKernel : uint8_t { kGroupTiled, kPaperBaseline };
+
+struct DecodeOptions {
+  DecodeKernel kernel = DecodeKernel::kGroupTiled;
+  // Prefetch upcoming blocks into L2 (cp.async.bulk.prefetch.L2); kGroupTiled prefetches HND
+  // pools only. Off by default: the tiled kernel's cp.async pipeline already keeps enough bytes
+  // in flight, and on an H200 the prefetch made it 10-15% slower (bench/results/nvidia-h200).
+  bool l2_prefetch = false;
+  bool evict_first = true;  // load KV with an evict_first L2 policy: read once, leave first
+  int32_t prefetch_distance = 0;  // how far ahead, in pipeline tiles (kGroupTiled) or in
+                                  // per-warp blocks (kPaperBaseline); 0: the tuned default
+};
+
+// What a decode step's kernels read from device memory, uploaded once per step and shared by
+// every layer: the plan's items and merges, the batch's block ids, and the partial-state scratch.
+struct DecodeWorkspace {
+  DeviceArray<attention::WorkItem> items;
+  DeviceArray<attention::MergeTask> merges;
+  DeviceArray<int32_t> block_ids;
+  DeviceArray<float> partial_o;    // [num_partials, group_size, head_dim]
+  DeviceArray<float> partial_lse;  // [num_partials, group_size]
+  int32_t min_block_id = 0;   // of the uploaded batch: checked against the pool before a launch
+  int32_t max_block_id = -1;
+
+  // Copies plan and batch to the device (stream-ordered) and sizes the scratch for shape.
+  void upload(const attention::DecodePlan& plan, const attention::DecodeBatch& batch,
+              const attention::AttentionShape& shape, cudaStream_t stream = nullptr);
+};
+
+// The workers plan_decode should fill for this shape on the current device: multiprocessors x
+// resident CTAs of the kGroupTiled kernel.
+attention::DeviceInfo decode_device_info(const attention::AttentionShape& shape, DType dtype);
+
+// Null when the kernels support this shape and pool (f16 or bf16 on the device, head_dim 64, 128
+// or 256, block size 16, 32 or 64, group size 1 to 8); otherwise why not. decode_attention
+// throws Error(kUnsupported) with the same reason.
+const char* decode_unsupported_reason(const attention::AttentionShape& shape, const PagedKv& kv);
+
+// Runs the uploaded plan: the work items, then (when the plan splits) the merges. kv: a device pool (HND or NHD) of dtype f16 or bf16.
+//   q:   [num_seqs, num_q_heads, head_dim] of kv.dtype, one query token per sequence
+//   out: [num_seqs, num_q_heads, head_dim] of kv.dtype
+//   lse: [num_seqs, num_q_heads] fp32, natural log; may be null
+// Stream-ordered; the workspace must stay alive until the stream has run it.
+void decode_attention(DecodeWorkspace& workspace, const attention::AttentionShape& shape,
+                      const PagedKv& kv, const void* q, void* out, float* lse,
+                      const DecodeOptions& options = {}, cudaStream_t stream = nullptr);
+
+}  // namespace pagoda::cuda

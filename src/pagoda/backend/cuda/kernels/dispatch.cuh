@@ -1,0 +1,30 @@
+// Calls fn.template operator()<T, kHeadDim>() for a runtime (dtype, head_dim): the one place
+// the kernels' instantiation list is written down.
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include "pagoda/core/dtype.h"
+
+namespace pagoda::cuda {
+
+template <typename T, typename Fn>
+void dispatch_head_dim(int head_dim, Fn&& fn) {
+  switch (head_dim) {
+    case 64: return fn.template operator()<T, 64>();
+    case 128: return fn.template operator()<T, 128>();
+    default: return fn.template operator()<T, 256>();
+  }
+}
+
+template <typename Fn>
+void dispatch_decode_kernel(DType dtype, int head_dim, Fn&& fn) {
+  if (dtype == DType::kF16) {
+    dispatch_head_dim<__half>(head_dim, fn);
+  } else {
+    dispatch_head_dim<__nv_bfloat16>(head_dim, fn);
+  }
+}
+
+}  // namespace pagoda::cuda

@@ -1,0 +1,632 @@
+// Decode attention on the GPU (backend/cuda/decode_attention.h) against the CPU executor
+// (attention::run_decode_cpu) running the same plan over the same inputs; two tests also check
+// both against the exact double-precision attention of tests/attention/reference.h, so that the
+// reference itself is checked. GPU tests skip without a GPU (CI); they run on the device machine
+// via `make gpu-test`.
+//
+// Inputs: K, V and q are uniform in [-1, 1) from a fresh seed per test, stored in the pool's dtype
+// (f16 or bf16); the CPU executor reads the same rounded values (q converted to fp32), so the two
+// sides differ only by what the GPU kernels round and by summation order.
+// Tolerances:
+//   out: the kernels round P = exp(s - max), in [0, 1], to the KV dtype for the tensor-core
+//        product O = V^T P, and round the output to the KV dtype. Each rounding costs at most one
+//        unit roundoff u (2^-11 for f16, 2^-8 for bf16) relative to values below 1 in magnitude,
+//        so |out - cpu| <= 2u plus fp32 noise: we allow 2e-3 for f16 (2u = 9.8e-4) and 1e-2 for
+//        bf16 (2u = 7.8e-3).
+//   lse: fp32 on both sides, from the same q and K: |lse - cpu| <= 1e-3 * max(1, |cpu|).
+// Every run first poisons out and lse with NaN bytes (0xff), so an element the kernel does not
+// write shows as non-finite. A sequence with no KV must give exactly o = 0 and lse = -inf.
+#include "pagoda/backend/cuda/decode_attention.h"
+
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <limits>
+#include <numeric>
+#include <string>
+#include <tuple>
+#include <vector>
+
+#include "../attention/reference.h"
+#include "pagoda/attention/cpu_executor.h"
+#include "pagoda/attention/plan.h"
+#include "pagoda/backend/cuda/check.h"
+#include "pagoda/backend/cuda/device_array.h"
+#include "pagoda/core/error.h"
+#include "pagoda/core/half.h"
+#include "pagoda/core/paged_kv.h"
+
+namespace pagoda::cuda {
+namespace {
+
+namespace ref = ::pagoda::attention::testing;
+using attention::AttentionShape;
+using attention::DecodeBatch;
+using attention::DecodePlan;
+using attention::DeviceInfo;
+using attention::PlanOptions;
+
+constexpr double kOutToleranceF16 = 2e-3;
+constexpr double kOutToleranceBf16 = 1e-2;
+constexpr double kLseTolerance = 1e-3;  // times max(1, |lse|)
+// The CPU executor against the exact reference: fp32 accumulation only (as tests/attention).
+constexpr double kCpuExactTolerance = 2e-5;
+constexpr float kInf = std::numeric_limits<float>::infinity();
+
+constexpr DecodeKernel kKernels[] = {DecodeKernel::kGroupTiled, DecodeKernel::kPaperBaseline};
+
+double out_tolerance(DType dtype) {
+  return dtype == DType::kF16 ? kOutToleranceF16 : kOutToleranceBf16;
+}
+
+uint16_t to_bits(DType dtype, float x) {
+  return dtype == DType::kF16 ? f32_to_f16(x) : f32_to_bf16(x);
+}
+
+float from_bits(DType dtype, uint16_t bits) {
+  return dtype == DType::kF16 ? f16_to_f32(bits) : bf16_to_f32(bits);
+}
+
+const char* kernel_name(DecodeKernel kernel) {
+  return kernel == DecodeKernel::kGroupTiled ? "GroupTiled" : "PaperBaseline";
+}
+
+std::string options_name(const DecodeOptions& options) {
+  return std::string(kernel_name(options.kernel)) +
+         (options.l2_prefetch ? " prefetch" : " no prefetch") +
+         (options.prefetch_distance > 0 ? " distance " + std::to_string(options.prefetch_distance) : "");
+}
+
+struct Config {
+  DType dtype = DType::kF16;
+  int32_t head_dim = 128;
+  int32_t block_size = 16;
+  int32_t group = 1;  // q heads per kv head
+  int32_t num_kv_heads = 2;
+  KvLayout layout = KvLayout::kHnd;
+
+  AttentionShape shape() const {
+    return {.num_q_heads = group * num_kv_heads, .num_kv_heads = num_kv_heads,
+            .head_dim = head_dim, .block_size = block_size,
+            .softmax_scale = 1.f / std::sqrt(float(head_dim))};
+  }
+};
+
+// One decode step's inputs on the host.
+struct Inputs {
+  Config config;
+  AttentionShape shape;
+  ref::HostPool pool;         // NaN in every slot the inputs did not fill
+  DecodeBatch batch;
+  std::vector<uint16_t> q;    // [num_seqs, num_q_heads, head_dim] in config.dtype
+  std::vector<float> q_f32;   // the same values in fp32, for the CPU executor
+
+  size_t rows() const { return size_t(batch.num_seqs()) * size_t(shape.num_q_heads); }
+};
+
+// Inputs for sequences with explicit block lists (ids may repeat and be shared). Every slot a
+// sequence covers gets random values; with fill_tails so does the rest of each listed block (as
+// stale KV would), else those slots keep NaN. Blocks no sequence lists keep NaN, so a kernel that
+// reads a slot it should not shows as non-finite output.
+Inputs make_inputs(const Config& c, int32_t num_blocks,
+                   const std::vector<std::vector<int32_t>>& blocks,
+                   const std::vector<int32_t>& lengths, uint64_t seed, bool fill_tails = true) {
+  Inputs in{c, c.shape(),
+            ref::HostPool(c.dtype, c.layout, num_blocks, c.block_size, c.num_kv_heads, c.head_dim),
+            {}, {}, {}};
+  std::vector<int32_t> slots_to_fill(static_cast<size_t>(num_blocks), 0);
+  for (size_t s = 0; s < lengths.size(); ++s) {
+    in.batch.add_sequence(blocks[s], lengths[s]);
+    for (size_t i = 0; i < blocks[s].size(); ++i) {
+      const int32_t covered = std::clamp(lengths[s] - int32_t(i) * c.block_size, 0, c.block_size);
+      int32_t& n = slots_to_fill[size_t(blocks[s][i])];
+      n = std::max(n, fill_tails ? c.block_size : covered);
+    }
+  }
+  ref::Random rng(seed);
+  std::vector<float> row(size_t(c.head_dim)), stored(size_t(c.head_dim));
+  for (int32_t b = 0; b < num_blocks; ++b) {
+    for (int32_t h = 0; h < c.num_kv_heads; ++h) {
+      for (int32_t slot = 0; slot < slots_to_fill[size_t(b)]; ++slot) {
+        for (const bool is_v : {false, true}) {
+          for (float& x : row) x = rng.uniform(-1, 1);
+          in.pool.store_row(is_v, b, h, slot, row.data(), stored.data());
+        }
+      }
+    }
+  }
+  in.q.resize(in.rows() * size_t(c.head_dim));
+  in.q_f32.resize(in.q.size());
+  for (size_t i = 0; i < in.q.size(); ++i) {
+    in.q[i] = to_bits(c.dtype, rng.uniform(-1, 1));
+    in.q_f32[i] = from_bits(c.dtype, in.q[i]);
+  }
+  return in;
+}
+
+// Inputs for sequences of `lengths`, each in blocks of its own: the pool's ids shuffled (block 0
+// somewhere), plus 3 blocks nobody lists.
+Inputs make_batch_inputs(const Config& c, const std::vector<int32_t>& lengths, uint64_t seed,
+                         bool fill_tails = true) {
+  int32_t needed = 0;
+  for (int32_t length : lengths) needed += (length + c.block_size - 1) / c.block_size;
+  const int32_t num_blocks = needed + 3;
+  std::vector<int32_t> ids(static_cast<size_t>(num_blocks));
+  std::iota(ids.begin(), ids.end(), 0);
+  ref::Random rng(seed ^ 0x5eed);
+  for (size_t i = ids.size() - 1; i > 0; --i) std::swap(ids[i], ids[rng.next(i + 1)]);
+  std::vector<std::vector<int32_t>> blocks;
+  size_t next = 0;
+  for (int32_t length : lengths) {
+    const size_t n = size_t((length + c.block_size - 1) / c.block_size);
+    blocks.emplace_back(ids.begin() + long(next), ids.begin() + long(next + n));
+    next += n;
+  }
+  return make_inputs(c, num_blocks, blocks, lengths, seed, fill_tails);
+}
+
+// The inputs copied to the device.
+struct DeviceInputs {
+  DeviceArray<uint8_t> k, v;
+  DeviceArray<uint16_t> q;
+  PagedKv kv;
+
+  explicit DeviceInputs(const Inputs& in) {
+    k.upload(in.pool.k_bytes);
+    v.upload(in.pool.v_bytes);
+    q.upload(in.q);
+    const Config& c = in.config;
+    kv = make_paged_kv(k.data(), v.data(), c.dtype, c.layout, in.pool.num_blocks, c.block_size,
+                       c.num_kv_heads, c.head_dim, Device::kCuda);
+  }
+};
+
+struct Outputs {
+  std::vector<float> out;  // [rows, head_dim]
+  std::vector<float> lse;  // [rows]; empty when not asked for
+};
+
+DecodePlan make_plan(const Inputs& in, const PlanOptions& options,
+                     const DeviceInfo& device = DeviceInfo{}) {
+  return attention::plan_decode(in.batch, in.shape, device, options);
+}
+
+PlanOptions no_split() { return {.allow_split = false}; }
+PlanOptions forced_split(int32_t tokens) { return {.max_kv_tokens_per_item = tokens}; }
+
+Outputs run_cpu(Inputs& in, const DecodePlan& plan) {
+  Outputs r{std::vector<float>(in.q.size(), std::nanf("")), std::vector<float>(in.rows(), std::nanf(""))};
+  attention::run_decode_cpu(plan, in.batch, in.shape, in.pool.view(), in.q_f32.data(),
+                            r.out.data(), r.lse.data());
+  return r;
+}
+
+Outputs run_gpu(const Inputs& in, const DeviceInputs& dev, const DecodePlan& plan,
+                const DecodeOptions& options, bool with_lse = true) {
+  DecodeWorkspace workspace;
+  workspace.upload(plan, in.batch, in.shape);
+  DeviceArray<uint16_t> out(in.q.size());
+  DeviceArray<float> lse(in.rows());
+  check_cuda(cudaMemset(out.data(), 0xff, out.bytes()), "cudaMemset out");  // NaN in every dtype
+  check_cuda(cudaMemset(lse.data(), 0xff, lse.bytes()), "cudaMemset lse");
+  decode_attention(workspace, in.shape, dev.kv, dev.q.data(), out.data(),
+                   with_lse ? lse.data() : nullptr, options);
+  check_cuda(cudaGetLastError(), "decode_attention launch");
+  check_cuda(cudaDeviceSynchronize(), "decode_attention");
+  Outputs r;
+  const std::vector<uint16_t> bits = out.download();
+  r.out.resize(bits.size());
+  for (size_t i = 0; i < bits.size(); ++i) r.out[i] = from_bits(in.config.dtype, bits[i]);
+  if (with_lse) r.lse = lse.download();
+  return r;
+}
+
+// The exact attention of every row in double (rounded to float at the end), over the pool's
+// rounded values gathered into contiguous K and V.
+Outputs run_exact(const Inputs& in) {
+  const ref::HostPool& pool = in.pool;
+  const size_t head_dim = size_t(in.shape.head_dim), heads = size_t(in.shape.num_q_heads);
+  const size_t kv_row = size_t(pool.num_kv_heads) * head_dim;
+  Outputs r{std::vector<float>(in.q.size()), std::vector<float>(in.rows())};
+  for (int32_t s = 0; s < in.batch.num_seqs(); ++s) {
+    ref::HostSequence seq;
+    const auto blocks = in.batch.blocks_of(s);
+    seq.blocks.assign(blocks.begin(), blocks.end());
+    seq.length = in.batch.kv_lengths[size_t(s)];
+    seq.k.resize(size_t(seq.length) * kv_row);
+    seq.v.resize(seq.k.size());
+    for (int32_t t = 0; t < seq.length; ++t) {
+      for (int32_t h = 0; h < pool.num_kv_heads; ++h) {
+        for (int32_t d = 0; d < pool.head_dim; ++d) {
+          const size_t at = pool.offset(blocks[size_t(t / pool.block_size)], h, t % pool.block_size, d) * 2;
+          uint16_t k_bits, v_bits;
+          std::memcpy(&k_bits, pool.k_bytes.data() + at, 2);
+          std::memcpy(&v_bits, pool.v_bytes.data() + at, 2);
+          const size_t i = size_t(t) * kv_row + size_t(h) * head_dim + size_t(d);
+          seq.k[i] = from_bits(pool.dtype, k_bits);
+          seq.v[i] = from_bits(pool.dtype, v_bits);
+        }
+      }
+    }
+    for (size_t h = 0; h < heads; ++h) {
+      const size_t row = size_t(s) * heads + h;
+      const ref::ReferenceState state = ref::reference_attention(
+          &in.q_f32[row * head_dim], seq, int32_t(h) / in.shape.group_size(), pool.num_kv_heads,
+          pool.head_dim, double(in.shape.softmax_scale), 0, seq.length);
+      for (size_t d = 0; d < head_dim; ++d) r.out[row * head_dim + d] = float(state.o[d]);
+      r.lse[row] = float(state.lse);
+    }
+  }
+  return r;
+}
+
+// Expects `got` to match `want` (which has lse): every element written and finite, within the
+// tolerances; rows of an empty sequence (want lse = -inf) exactly o = 0 and lse = -inf. One
+// message per kind of failure, naming the first or worst element.
+void expect_matches(const Inputs& in, const Outputs& got, const Outputs& want, double out_tol,
+                    double lse_tol) {
+  const size_t head_dim = size_t(in.shape.head_dim), heads = size_t(in.shape.num_q_heads);
+  ASSERT_EQ(got.out.size(), want.out.size());
+  ASSERT_TRUE(got.lse.empty() || got.lse.size() == want.lse.size());
+  auto where = [&](size_t row) {
+    return "seq " + std::to_string(row / heads) + " (length " +
+           std::to_string(in.batch.kv_lengths[row / heads]) + ") q head " + std::to_string(row % heads);
+  };
+  size_t bad = 0;
+  std::string first_bad, worst_out, worst_lse;
+  double out_error = 0, lse_error = 0;
+  for (size_t row = 0; row < in.rows(); ++row) {
+    const bool empty = want.lse[row] == -kInf;
+    for (size_t d = 0; d < head_dim; ++d) {
+      const float g = got.out[row * head_dim + d];
+      if (!std::isfinite(g) || (empty && g != 0.f)) {
+        if (bad++ == 0) first_bad = where(row) + " out[" + std::to_string(d) + "] = " + std::to_string(g);
+        continue;
+      }
+      const double error = std::abs(double(g) - double(want.out[row * head_dim + d]));
+      if (error > out_error) {
+        out_error = error;
+        worst_out = where(row) + " d " + std::to_string(d);
+      }
+    }
+    if (got.lse.empty()) continue;
+    const float g = got.lse[row];
+    if (empty ? g != -kInf : !std::isfinite(g)) {
+      if (bad++ == 0) first_bad = where(row) + " lse = " + std::to_string(g);
+      continue;
+    }
+    if (empty) continue;
+    const double error = std::abs(double(g) - double(want.lse[row])) /
+                         std::max(1.0, std::abs(double(want.lse[row])));
+    if (error > lse_error) {
+      lse_error = error;
+      worst_lse = where(row);
+    }
+  }
+  EXPECT_EQ(bad, 0u) << "unwritten or non-finite elements, or an empty sequence without o = 0, "
+                        "lse = -inf; the first: " << first_bad;
+  EXPECT_LE(out_error, out_tol) << "out, worst at " << worst_out;
+  EXPECT_LE(lse_error, lse_tol) << "lse, worst at " << worst_lse;
+}
+
+void expect_matches(const Inputs& in, const Outputs& got, const Outputs& want) {
+  expect_matches(in, got, want, out_tolerance(in.config.dtype), kLseTolerance);
+}
+
+// Runs `plan` on the GPU with both kernels, prefetch on and off (and lse or not); each must match
+// the CPU executor.
+void expect_gpu_matches_cpu(Inputs& in, const DecodePlan& plan, bool with_lse = true) {
+  const DeviceInputs dev(in);
+  ASSERT_EQ(decode_unsupported_reason(in.shape, dev.kv), nullptr);
+  const Outputs want = run_cpu(in, plan);
+  for (DecodeKernel kernel : kKernels) {
+    for (const bool prefetch : {true, false}) {
+      const DecodeOptions options{.kernel = kernel, .l2_prefetch = prefetch, .evict_first = prefetch};
+      SCOPED_TRACE(options_name(options));
+      expect_matches(in, run_gpu(in, dev, plan, options, with_lse), want);
+    }
+  }
+}
+
+// ---- The grid: dtype x head_dim x block_size x group x split x prefetch x kernel. ----
+
+using GridParam = std::tuple<DType, int32_t /*head_dim*/, int32_t /*block_size*/,
+                             int32_t /*group*/, bool /*split*/, bool /*prefetch*/, DecodeKernel>;
+
+class GpuDecodeGrid : public ::testing::TestWithParam<GridParam> {};
+
+// Forced splits: items of 2-3 blocks (so a 1000-token sequence has 6 to 21 partial states).
+int32_t forced_chunk(int32_t block_size) { return (block_size == 64 ? 2 : 3) * block_size; }
+
+TEST_P(GpuDecodeGrid, MatchesCpuExecutor) {
+  if (!device_available()) GTEST_SKIP() << "no CUDA device";
+  const auto [dtype, head_dim, block_size, group, split, prefetch, kernel] = GetParam();
+  uint64_t seed = 1;
+  for (int64_t x : {int64_t(dtype), int64_t(head_dim), int64_t(block_size), int64_t(group),
+                    int64_t(split), int64_t(prefetch), int64_t(kernel)}) {
+    seed = seed * 1000003 + uint64_t(x);
+  }
+  const Config c{.dtype = dtype, .head_dim = head_dim, .block_size = block_size, .group = group};
+  Inputs in = make_batch_inputs(c, {1, 17, 3 * block_size + 5, 300, 1000}, seed);
+  const DeviceInputs dev(in);
+  const char* reason = decode_unsupported_reason(in.shape, dev.kv);
+  ASSERT_EQ(reason, nullptr) << reason;
+  const DecodePlan plan = make_plan(in, split ? forced_split(forced_chunk(block_size)) : no_split());
+  ASSERT_EQ(plan.merges.empty(), !split);
+  expect_matches(in, run_gpu(in, dev, plan, {.kernel = kernel, .l2_prefetch = prefetch, .evict_first = prefetch}),
+                 run_cpu(in, plan));
+}
+
+std::string grid_name(const ::testing::TestParamInfo<GridParam>& info) {
+  const auto [dtype, head_dim, block_size, group, split, prefetch, kernel] = info.param;
+  return std::string(dtype_name(dtype)) + "_D" + std::to_string(head_dim) + "_Bs" +
+         std::to_string(block_size) + "_G" + std::to_string(group) +
+         (split ? "_Split" : "_NoSplit") + (prefetch ? "_Prefetch" : "_NoPrefetch") + "_" +
+         kernel_name(kernel);
+}
+
+// 2 x 3 x 3 x 6 x 2 x 2 x 2 = 864 cases, 2 kv heads each (q heads = 2 x group).
+INSTANTIATE_TEST_SUITE_P(
+    Grid, GpuDecodeGrid,
+    ::testing::Combine(::testing::Values(DType::kF16, DType::kBF16), ::testing::Values(64, 128, 256),
+                       ::testing::Values(16, 32, 64), ::testing::Values(1, 2, 4, 5, 7, 8),
+                       ::testing::Bool(), ::testing::Bool(),
+                       ::testing::Values(DecodeKernel::kGroupTiled, DecodeKernel::kPaperBaseline)),
+    grid_name);
+
+// ---- Edge cases. ----
+
+// Sequences of one token (alone and three of them): o is that token's V row.
+TEST(GpuDecode, LengthOne) {
+  if (!device_available()) GTEST_SKIP() << "no CUDA device";
+  uint64_t seed = 100;
+  for (const DType dtype : {DType::kF16, DType::kBF16}) {
+    for (const int32_t head_dim : {64, 128, 256}) {
+      for (const int32_t group : {1, 8}) {
+        for (const std::vector<int32_t>& lengths : {std::vector<int32_t>{1}, std::vector<int32_t>{1, 1, 1}}) {
+          SCOPED_TRACE(std::string(dtype_name(dtype)) + " head_dim " + std::to_string(head_dim) +
+                       " group " + std::to_string(group) + " batch " + std::to_string(lengths.size()));
+          Inputs in = make_batch_inputs(
+              {.dtype = dtype, .head_dim = head_dim, .group = group, .num_kv_heads = 1}, lengths, ++seed);
+          expect_gpu_matches_cpu(in, make_plan(in, no_split()));
+        }
+      }
+    }
+  }
+}
+
+// Lengths that end inside a block, every block size, splits of one and two blocks, and prefetch
+// distances that reach past the end of short sequences.
+TEST(GpuDecode, LengthsNotAMultipleOfTheBlockSize) {
+  if (!device_available()) GTEST_SKIP() << "no CUDA device";
+  uint64_t seed = 200;
+  for (const int32_t bs : {16, 32, 64}) {
+    Inputs in = make_batch_inputs({.block_size = bs, .group = 4}, {bs - 1, bs + 1, 2 * bs - 1, 5 * bs + 3, 7}, ++seed);
+    const DeviceInputs dev(in);
+    for (const PlanOptions& options : {no_split(), forced_split(bs), forced_split(2 * bs)}) {
+      const DecodePlan plan = make_plan(in, options);
+      const Outputs want = run_cpu(in, plan);
+      for (const DecodeKernel kernel : kKernels) {
+        for (const int32_t distance : {0, 1, 8}) {
+          const DecodeOptions decode{.kernel = kernel, .l2_prefetch = true, .prefetch_distance = distance};
+          SCOPED_TRACE("block size " + std::to_string(bs) + " split " +
+                       std::to_string(plan.kv_tokens_per_item) + " " + options_name(decode));
+          expect_matches(in, run_gpu(in, dev, plan, decode), want);
+        }
+      }
+    }
+  }
+}
+
+// One batch mixing a 1-token and a 32768-token sequence (f16, head_dim 128, block 16, group 4):
+// the planner's own split for this device, and no split. Also against the exact reference.
+TEST(GpuDecode, LongAndShortSequence) {
+  if (!device_available()) GTEST_SKIP() << "no CUDA device";
+  const Config c{.dtype = DType::kF16, .head_dim = 128, .block_size = 16, .group = 4};
+  Inputs in = make_batch_inputs(c, {1, 32768}, 300);
+  const DeviceInputs dev(in);
+  const Outputs exact = run_exact(in);
+  const DecodePlan split = make_plan(in, PlanOptions{}, decode_device_info(in.shape, c.dtype));
+  EXPECT_FALSE(split.merges.empty()) << "2 sequences x 2 kv heads should not fill a GPU unsplit";
+  for (const DecodePlan& plan : {split, make_plan(in, no_split())}) {
+    SCOPED_TRACE(plan.merges.empty() ? "no split" : "split " + std::to_string(plan.kv_tokens_per_item));
+    const Outputs cpu = run_cpu(in, plan);
+    {
+      SCOPED_TRACE("CPU executor against the exact reference");
+      expect_matches(in, cpu, exact, kCpuExactTolerance, kCpuExactTolerance);
+    }
+    for (const DecodeKernel kernel : kKernels) {
+      SCOPED_TRACE(kernel_name(kernel));
+      const Outputs gpu = run_gpu(in, dev, plan, {.kernel = kernel});
+      expect_matches(in, gpu, cpu);
+      SCOPED_TRACE("against the exact reference");
+      expect_matches(in, gpu, exact);
+    }
+  }
+}
+
+// Both dtypes and both kernels against the exact reference as well as the CPU executor.
+TEST(GpuDecode, MatchesExactReference) {
+  if (!device_available()) GTEST_SKIP() << "no CUDA device";
+  uint64_t seed = 400;
+  for (const DType dtype : {DType::kF16, DType::kBF16}) {
+    Inputs in = make_batch_inputs({.dtype = dtype, .head_dim = 128, .block_size = 32, .group = 4},
+                                  {1, 17, 300, 1000, 4096}, ++seed);
+    const DeviceInputs dev(in);
+    const Outputs exact = run_exact(in);
+    for (const PlanOptions& options : {no_split(), forced_split(96)}) {
+      const DecodePlan plan = make_plan(in, options);
+      const Outputs cpu = run_cpu(in, plan);
+      SCOPED_TRACE(std::string(dtype_name(dtype)) + " split " + std::to_string(plan.kv_tokens_per_item));
+      {
+        SCOPED_TRACE("CPU executor against the exact reference");
+        expect_matches(in, cpu, exact, kCpuExactTolerance, kCpuExactTolerance);
+      }
+      for (const DecodeKernel kernel : kKernels) {
+        SCOPED_TRACE(kernel_name(kernel));
+        expect_matches(in, run_gpu(in, dev, plan, {.kernel = kernel}), exact);
+      }
+    }
+  }
+}
+
+// Non-contiguous, shuffled and repeated block ids: sequences sharing blocks (a common prefix, the
+// same blocks in reverse order, one block listed three times), block 0 among them.
+TEST(GpuDecode, SharedShuffledAndRepeatedBlocks) {
+  if (!device_available()) GTEST_SKIP() << "no CUDA device";
+  const int32_t bs = 16;
+  const std::vector<std::vector<int32_t>> blocks = {
+      {9, 0, 4, 11, 2}, {9, 0, 4}, {2, 11, 4, 0, 9}, {4, 4, 4}, {7}};
+  const std::vector<int32_t> lengths = {5 * bs - 3, 3 * bs - 8, 5 * bs, 3 * bs, bs};
+  uint64_t seed = 500;
+  for (const DType dtype : {DType::kF16, DType::kBF16}) {
+    Inputs in = make_inputs({.dtype = dtype, .head_dim = 64, .block_size = bs, .group = 2}, 12,
+                            blocks, lengths, ++seed);
+    for (const PlanOptions& options : {no_split(), forced_split(bs), forced_split(2 * bs)}) {
+      const DecodePlan plan = make_plan(in, options);
+      SCOPED_TRACE(std::string(dtype_name(dtype)) + " split " + std::to_string(plan.kv_tokens_per_item));
+      expect_gpu_matches_cpu(in, plan);
+    }
+  }
+}
+
+// Block id 0 as a sequence's only block, as its last block, and as its first.
+TEST(GpuDecode, BlockZero) {
+  if (!device_available()) GTEST_SKIP() << "no CUDA device";
+  const int32_t bs = 16;
+  Inputs in = make_inputs({.head_dim = 128, .block_size = bs, .group = 4}, 4,
+                          {{0}, {3, 0}, {0, 1, 2, 3}}, {5, bs + 9, 4 * bs}, 600);
+  for (const PlanOptions& options : {no_split(), forced_split(bs)}) {
+    const DecodePlan plan = make_plan(in, options);
+    SCOPED_TRACE("split " + std::to_string(plan.kv_tokens_per_item));
+    expect_gpu_matches_cpu(in, plan);
+  }
+}
+
+// A sequence with no KV gets o = 0 and lse = -inf (as the CPU executor), beside others, or alone.
+TEST(GpuDecode, EmptySequence) {
+  if (!device_available()) GTEST_SKIP() << "no CUDA device";
+  uint64_t seed = 700;
+  for (const std::vector<int32_t>& lengths :
+       {std::vector<int32_t>{0, 20, 0}, std::vector<int32_t>{0}, std::vector<int32_t>{0, 0}}) {
+    Inputs in = make_batch_inputs({.head_dim = 64, .block_size = 16, .group = 4}, lengths, ++seed);
+    for (const PlanOptions& options : {no_split(), forced_split(16)}) {
+      const DecodePlan plan = make_plan(in, options);
+      SCOPED_TRACE("batch of " + std::to_string(lengths.size()) + " split " +
+                   std::to_string(plan.kv_tokens_per_item));
+      expect_gpu_matches_cpu(in, plan);
+    }
+  }
+}
+
+// The NHD layout ([block][token][kv head][head_dim]), in SmolLM2-135M's shape: 9 q heads over 3
+// kv heads, head_dim 64, 16-token blocks.
+TEST(GpuDecode, NhdLayout) {
+  if (!device_available()) GTEST_SKIP() << "no CUDA device";
+  uint64_t seed = 800;
+  for (const DType dtype : {DType::kF16, DType::kBF16}) {
+    Inputs in = make_batch_inputs({.dtype = dtype, .head_dim = 64, .block_size = 16, .group = 3,
+                                   .num_kv_heads = 3, .layout = KvLayout::kNhd},
+                                  {1, 16, 17, 300, 45, 1000}, ++seed);
+    for (const PlanOptions& options : {no_split(), forced_split(40)}) {
+      const DecodePlan plan = make_plan(in, options);
+      SCOPED_TRACE(std::string(dtype_name(dtype)) + " split " + std::to_string(plan.kv_tokens_per_item));
+      expect_gpu_matches_cpu(in, plan);
+    }
+  }
+}
+
+// lse = nullptr: the output alone, split (the merges must not need it) or not.
+TEST(GpuDecode, NullLse) {
+  if (!device_available()) GTEST_SKIP() << "no CUDA device";
+  Inputs in = make_batch_inputs({.head_dim = 128, .block_size = 16, .group = 4}, {1, 17, 300, 1000, 0}, 900);
+  for (const PlanOptions& options : {no_split(), forced_split(48)}) {
+    const DecodePlan plan = make_plan(in, options);
+    SCOPED_TRACE("split " + std::to_string(plan.kv_tokens_per_item));
+    expect_gpu_matches_cpu(in, plan, /*with_lse=*/false);
+  }
+}
+
+// Slots past a sequence's length in its last block hold NaN (never-written pool memory): the
+// kernels must not let them into the result (e.g. as 0 * NaN in P V).
+TEST(GpuDecode, SlotsPastTheLengthAreNeverRead) {
+  if (!device_available()) GTEST_SKIP() << "no CUDA device";
+  uint64_t seed = 1000;
+  for (const DType dtype : {DType::kF16, DType::kBF16}) {
+    Inputs in = make_batch_inputs({.dtype = dtype, .head_dim = 128, .block_size = 32, .group = 4},
+                                  {1, 5, 33, 70, 300}, ++seed, /*fill_tails=*/false);
+    for (const PlanOptions& options : {no_split(), forced_split(64)}) {
+      const DecodePlan plan = make_plan(in, options);
+      SCOPED_TRACE(std::string(dtype_name(dtype)) + " split " + std::to_string(plan.kv_tokens_per_item));
+      expect_gpu_matches_cpu(in, plan);
+    }
+  }
+}
+
+// ---- Unsupported input: a reason, and decode_attention throws Error(kUnsupported). ----
+
+TEST(GpuDecode, RejectsUnsupportedInput) {
+  if (!device_available()) GTEST_SKIP() << "no CUDA device";
+  struct Case {
+    const char* what;
+    Config config;
+    Device device = Device::kCuda;
+  };
+  const Case cases[] = {
+      {"head_dim 96", {.head_dim = 96}},
+      {"block size 8", {.block_size = 8}},
+      {"group size 16", {.group = 16, .num_kv_heads = 1}},
+      {"f32 pool", {.dtype = DType::kF32}},
+      {"pool in host memory", {}, Device::kCpu},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.what);
+    const AttentionShape shape = c.config.shape();
+    const size_t element = dtype_size(c.config.dtype);
+    const int32_t num_blocks = 3, length = 20;  // 3 blocks of >= 8 tokens
+    const size_t pool_bytes = size_t(num_blocks) * size_t(shape.block_size) *
+                              size_t(shape.num_kv_heads) * size_t(shape.head_dim) * element;
+    const size_t q_bytes = size_t(shape.num_q_heads) * size_t(shape.head_dim) * element;
+    DeviceArray<uint8_t> k(pool_bytes), v(pool_bytes), q(q_bytes), out(q_bytes);
+    DeviceArray<float> lse(size_t(shape.num_q_heads));
+    std::vector<uint8_t> host_k(pool_bytes), host_v(pool_bytes);
+    const bool on_device = c.device == Device::kCuda;
+    const PagedKv kv = make_paged_kv(on_device ? static_cast<void*>(k.data()) : host_k.data(),
+                                     on_device ? static_cast<void*>(v.data()) : host_v.data(),
+                                     c.config.dtype, KvLayout::kHnd, num_blocks, shape.block_size,
+                                     shape.num_kv_heads, shape.head_dim, c.device);
+    const char* reason = decode_unsupported_reason(shape, kv);
+    EXPECT_NE(reason, nullptr);
+    if (reason == nullptr) continue;  // do not launch on input the kernels do not expect
+
+    DecodeBatch batch;
+    batch.add_sequence(std::vector<int32_t>{2, 0, 1}, length);
+    const DecodePlan plan = attention::plan_decode(batch, shape, DeviceInfo{}, no_split());
+    DecodeWorkspace workspace;
+    workspace.upload(plan, batch, shape);
+    EXPECT_THROW(decode_attention(workspace, shape, kv, q.data(), out.data(), lse.data()), Error);
+    try {
+      decode_attention(workspace, shape, kv, q.data(), out.data(), lse.data());
+    } catch (const Error& e) {
+      EXPECT_EQ(e.kind(), ErrorKind::kUnsupported);
+      EXPECT_NE(std::string(e.what()).find(reason), std::string::npos)
+          << "the error \"" << e.what() << "\" should give the reason \"" << reason << "\"";
+    } catch (...) {
+    }
+  }
+  check_cuda(cudaDeviceSynchronize(), "after the rejected calls");
+
+  // And a supported shape has no reason.
+  const Config supported{.group = 8};
+  DeviceArray<uint8_t> k(size_t(1) * 16 * 2 * 128 * 2), v(k.size());
+  const PagedKv kv = make_paged_kv(k.data(), v.data(), DType::kF16, KvLayout::kHnd, 1, 16, 2, 128,
+                                   Device::kCuda);
+  const char* reason = decode_unsupported_reason(supported.shape(), kv);
+  EXPECT_EQ(reason, nullptr) << reason;
+}
+
+}  // namespace
+}  // namespace pagoda::cuda
