@@ -11,7 +11,7 @@ namespace pagoda::cli {
 
 std::string git_commit() {
   std::string commit;
-  if (FILE* pipe = ::popen("git rev-parse --short HEAD 2>/dev/null", "r")) {
+  if (FILE* pipe = ::popen("git describe --always --dirty 2>/dev/null", "r")) {
     char buffer[64];
     if (std::fgets(buffer, sizeof buffer, pipe)) commit = buffer;
     ::pclose(pipe);
