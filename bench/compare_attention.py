@@ -23,10 +23,8 @@ TIME = "median_us"
 KV_BYTES = "kv_bytes"
 SKIPPED = "skipped"
 # pagoda variants whose best (lowest TIME) is taken unless --variant says otherwise: "tiled" is
-# the engine's default (DecodeOptions{}). A name not found in a config is also looked up under
-# its aliases.
+# the engine's default (DecodeOptions{}).
 PAGODA_VARIANTS = ("tiled",)
-PAGODA_ALIASES = {}
 # FlashInfer modes (bench/flashinfer_decode.py): use_tensor_cores False / True.
 FLASHINFER_MODES = ("cuda_cores", "tensor_cores")
 DTYPE_ALIASES = {"f16": "fp16", "float16": "fp16", "half": "fp16", "bfloat16": "bf16"}
@@ -70,14 +68,8 @@ def timing(c: dict, name: str) -> float | None:
     return None
 
 
-def best(c: dict, names, aliases=None) -> tuple[float, str] | None:
-    found = []
-    for n in names:
-        for candidate in (n,) + tuple((aliases or {}).get(n, ())):
-            t = timing(c, candidate)
-            if t is not None:
-                found.append((t, candidate))
-                break
+def best(c: dict, names) -> tuple[float, str] | None:
+    found = [(t, n) for n in names if (t := timing(c, n)) is not None]
     return min(found) if found else None
 
 
@@ -131,7 +123,7 @@ def main(argv=None) -> int:
         if pc is None or fc is None:
             missing.append((k, "only in " + ("FlashInfer" if pc is None else "pagoda")))
             continue
-        pb = best(pc, variants, PAGODA_ALIASES)
+        pb = best(pc, variants)
         fb = best(fc, modes)
         if pb is None or fb is None:
             whys = []

@@ -104,7 +104,7 @@ def write_plot(results, path, plt):
                 ax.scatter(xs, ys, marker=marker, color=colour, label=v, s=28, alpha=0.85)
         ax.axhline(1.0, color="grey", linewidth=0.8, linestyle=":")
         ax.set_xscale("log", base=2)
-        ax.set_ylim(0, max(1.05, *(timing(c, v)["frac"] * 1.05 for c in mine for v in variants if timing(c, v))))
+        ax.set_ylim(0, max([1.05, *(timing(c, v)["frac"] * 1.05 for c in mine for v in variants if timing(c, v))]))
         ax.set_title(f"heads {h} (q/kv)")
         ax.grid(True, which="both", alpha=0.3)
         if col == 0:

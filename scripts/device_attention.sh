@@ -32,7 +32,9 @@ if has flashinfer; then
   flashinfer_jit=$!
 fi
 
-bash scripts/device_build.sh pagoda gpu_tests 2>&1 | tail -n 5
+# A failed build ends the script (pipefail); the JIT job must not outlive it.
+trap '[[ -n ${flashinfer_jit:-} ]] && kill "$flashinfer_jit" 2>/dev/null; true' EXIT
+bash scripts/device_build.sh pagoda gpu_tests 2>&1 | tee "$out/build.log" | tail -n 5
 
 if has tests; then
   ./build/gpu_tests --gtest_brief=1 >"$out/gpu_tests.log" 2>&1 || true

@@ -59,6 +59,10 @@ if [[ -f $prefix/.pagoda-stamp && $(cat "$prefix/.pagoda-stamp") == "$stamp" ]];
   log "deps already unpacked in $prefix"
 else
   log "unpacking $(ls "$debs"/*.deb | wc -l) .debs from $debs into $prefix"
+  # Only a folder this script made (or an empty one) is cleared: PAGODA_DEPS_PREFIX may be a typo.
+  if [[ -d $prefix && -n $(ls -A "$prefix") && ! -f $prefix/.pagoda-stamp ]]; then
+    die "$prefix exists and was not made by this script; choose another PAGODA_DEPS_PREFIX"
+  fi
   rm -rf "$prefix"
   mkdir -p "$prefix"
   for f in "$debs"/*.deb; do dpkg-deb -x "$f" "$prefix"; done
@@ -100,7 +104,7 @@ else
   cat >"$prefix/bin/pkg-config" <<EOF
 #!/bin/sh
 # Written by scripts/device_build.sh: pkg-config restricted to $prefix.
-# PKG_CONFIG_PATH is dropped: CMake would add the prefix's own pkgconfig dirs to it anyway.
+# PKG_CONFIG_PATH is dropped so that nothing outside the prefix is found.
 unset PKG_CONFIG_PATH PKG_CONFIG_SYSROOT_DIR
 export PKG_CONFIG_LIBDIR=$pcdirs
 exec env $real "\$@"

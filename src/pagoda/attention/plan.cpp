@@ -64,7 +64,7 @@ int32_t choose_chunk(const DecodeBatch& batch, const AttentionShape& shape,
       lo = mid + bs;
     }
   }
-  return lo >= longest ? 0 : int32_t(std::min<int64_t>(lo, INT32_MAX / bs * bs));
+  return lo >= longest ? 0 : int32_t(lo);
 }
 
 }  // namespace

@@ -27,8 +27,8 @@ struct DeviceSummary {
 };
 DeviceSummary describe_current_device();
 
-// Streaming-read bandwidth of device memory in bytes/s: a read-only kernel over a buffer of at
-// least 4 GB (a quarter of free memory when that is less), 16-byte evict-first loads, grid-stride
+// Streaming-read bandwidth of device memory in bytes/s: a read-only kernel over a 4 GB buffer (a
+// quarter of free memory when that is less), 16-byte evict-first loads, grid-stride
 // with enough CTAs to fill every SM, an xor of everything read kept so the loads stay. The best
 // of `passes` timed passes after one warm-up. The buffer is freed before returning.
 double measure_stream_read_bandwidth(int passes = 10);
@@ -68,7 +68,6 @@ class EventTimings {
   EventTimings(const EventTimings&) = delete;
   EventTimings& operator=(const EventTimings&) = delete;
 
-  int runs() const { return int(starts_.size()); }
   void start(int run, cudaStream_t stream = nullptr);
   void stop(int run, cudaStream_t stream = nullptr);
   // Waits for the last stop event; microseconds of each run, in run order.

@@ -19,6 +19,8 @@ void DecodeWorkspace::upload(const attention::DecodePlan& plan, const attention:
   const size_t group = size_t(std::max(shape.group_size(), 1));
   partial_o.resize(size_t(plan.num_partials) * group * size_t(std::max(shape.head_dim, 0)));
   partial_lse.resize(size_t(plan.num_partials) * group);
+  group_size = shape.group_size();
+  head_dim = shape.head_dim;
   max_block_id = batch.block_ids.empty() ? -1 : *std::ranges::max_element(batch.block_ids);
   min_block_id = batch.block_ids.empty() ? 0 : *std::ranges::min_element(batch.block_ids);
 }
@@ -64,6 +66,11 @@ void decode_attention(DecodeWorkspace& workspace, const attention::AttentionShap
                       const DecodeOptions& options, cudaStream_t stream) {
   if (const char* reason = decode_unsupported_reason(shape, kv)) {
     fail(ErrorKind::kUnsupported, "decode attention on the GPU: {}", reason);
+  }
+  if (workspace.group_size != shape.group_size() || workspace.head_dim != shape.head_dim) {
+    fail(ErrorKind::kInvalidArgument,
+         "decode attention: the workspace was uploaded for group {} and head_dim {}, not {} and {}",
+         workspace.group_size, workspace.head_dim, shape.group_size(), shape.head_dim);
   }
   if (workspace.min_block_id < 0 || workspace.max_block_id >= kv.num_blocks) {
     fail(ErrorKind::kInvalidArgument, "decode attention: block ids [{}, {}] outside the pool's {} blocks",

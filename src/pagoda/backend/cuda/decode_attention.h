@@ -4,8 +4,9 @@
 //                   all query heads of its GQA group: tensor-core S = K q^T and O = V^T P,
 //                   a multi-stage cp.async pipeline, fp32 online softmax.
 //   kPaperBaseline  the structure of papers/l2-prefetch-kv-cache.txt (vLLM's xFormers-era paged
-//                   kernel): one CTA per (sequence, query head), one warp per KV block, CUDA-core
-//                   dot products, no GQA sharing. Kept to measure the paper's claim here.
+//                   kernel): one CTA per (work item, query head), its 4 warps taking every 4th
+//                   KV block, CUDA-core dot products, no GQA sharing. Kept to measure the
+//                   paper's claim here.
 // Both can prefetch upcoming KV blocks into L2 (cp.async.bulk.prefetch.L2) and mark streamed KV
 // evict_first; DecodeOptions::l2_prefetch and evict_first switch each, for ablation.
 #pragma once
@@ -30,8 +31,10 @@ struct DecodeOptions {
   // in flight, and on an H200 the prefetch made it 10-15% slower (bench/results/nvidia-h200).
   bool l2_prefetch = false;
   bool evict_first = true;  // load KV with an evict_first L2 policy: read once, leave first
-  int32_t prefetch_distance = 0;  // how far ahead, in pipeline tiles (kGroupTiled) or in
-                                  // per-warp blocks (kPaperBaseline); 0: the tuned default
+  int32_t prefetch_distance = 0;  // how far ahead, in 64-token tiles past the one computed
+                                  // (kGroupTiled; at least its pipeline depth, 2-4, which the
+                                  // cp.async loads already cover) or in per-warp blocks
+                                  // (kPaperBaseline); 0: the tuned default
 };
 
 // What a decode step's kernels read from device memory, uploaded once per step and shared by
@@ -42,6 +45,8 @@ struct DecodeWorkspace {
   DeviceArray<int32_t> block_ids;
   DeviceArray<float> partial_o;    // [num_partials, group_size, head_dim]
   DeviceArray<float> partial_lse;  // [num_partials, group_size]
+  int32_t group_size = 0;  // of the shape uploaded with: decode_attention checks it is the same
+  int32_t head_dim = 0;
   int32_t min_block_id = 0;   // of the uploaded batch: checked against the pool before a launch
   int32_t max_block_id = -1;
 

@@ -43,7 +43,8 @@ __global__ void __launch_bounds__(kWarps * 32)
   for (int offset = 16; offset > 0; offset /= 2) max_lse = fmaxf(max_lse, __shfl_xor_sync(0xffffffffu, max_lse, offset));
   if (lane == 0) warp_max[warp] = max_lse;
   __syncthreads();
-  max_lse = fmaxf(fmaxf(warp_max[0], warp_max[1]), fmaxf(warp_max[2], warp_max[3]));
+#pragma unroll
+  for (int w = 0; w < kWarps; ++w) max_lse = fmaxf(max_lse, warp_max[w]);
   if (max_lse == -INFINITY) {
     for (int d = threadIdx.x; d < head_dim; d += kWarps * 32) out[row * head_dim + d] = ptx::from_float<T>(0.f);
     if (lse && threadIdx.x == 0) lse[row] = -INFINITY;
@@ -68,7 +69,9 @@ __global__ void __launch_bounds__(kWarps * 32)
   }
   if (lane == 0) warp_weight[warp] = weight_sum;
   __syncthreads();
-  const float total = warp_weight[0] + warp_weight[1] + warp_weight[2] + warp_weight[3];
+  float total = 0.f;
+#pragma unroll
+  for (int w = 0; w < kWarps; ++w) total += warp_weight[w];
   for (int d = threadIdx.x; d < head_dim; d += kWarps * 32) {
     float sum = 0.f;
 #pragma unroll
@@ -85,6 +88,9 @@ void merge_partial_states(const attention::MergeTask* merges, int num_merges, in
                           const float* partial_lse, DType out_dtype, void* out, float* lse,
                           cudaStream_t stream) {
   if (num_merges == 0) return;
+  if (head_dim > 32 * kMaxDimsPerLane || (out_dtype != DType::kF16 && out_dtype != DType::kBF16)) {
+    check_cuda(cudaErrorInvalidValue, "merge_partial_states (head_dim > 256, or out not f16 or bf16)");
+  }
   // Programmatic dependent launch: the merge's launch and CTA start-up overlap the tail of the
   // kernel that wrote the partials (which calls launch_dependents); its CTAs then wait for that
   // grid. At batch 1 the two launches are a large share of the step.

@@ -123,10 +123,8 @@ __global__ void __launch_bounds__(DecodeTiledConfig<kHeadDim>::kThreads)
 
   // L2 prefetch, HND pools only: there a warp's 16-token slice of a tile is one contiguous run of
   // K and one of V (block sizes are multiples of 16). Every lane computes the same address, so
-  // each prefetch is one instruction per warp; its block id is read a tile ahead. (An earlier
-  // version had 8 lanes of warp 0 prefetch whole blocks: the lanes' different addresses cost a
-  // loop of uniform-register moves per tile on warp 0, which every warp then waited for at the
-  // barrier, 12% of the kernel's time.)
+  // each prefetch is one instruction per warp (lanes with different addresses would cost a
+  // loop of uniform-register moves); its block id is read a tile ahead.
   const bool prefetch = p.l2_prefetch && p.blocks_contiguous;
   auto read_prefetch_block = [&](int tile) -> int32_t {
     const int token = tile * C::kTileTokens + warp * 16;
@@ -203,7 +201,8 @@ __global__ void __launch_bounds__(DecodeTiledConfig<kHeadDim>::kThreads)
   const int distance = p.prefetch_distance;
   int32_t prefetch_id = -1;
   if (prefetch) {
-    for (int tile = C::kStages - 1; tile < distance; ++tile) prefetch_tile(tile, read_prefetch_block(tile));
+    // Tiles up to kStages - 1 are requested by cp.async before the first one is computed.
+    for (int tile = C::kStages; tile < distance; ++tile) prefetch_tile(tile, read_prefetch_block(tile));
     prefetch_id = read_prefetch_block(distance);
   }
   int32_t ids[kRowsPerThread];

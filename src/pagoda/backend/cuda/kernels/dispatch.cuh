@@ -1,10 +1,12 @@
 // Calls fn.template operator()<T, kHeadDim>() for a runtime (dtype, head_dim): the one place
-// the kernels' instantiation list is written down.
+// the kernels' instantiation list is written down. Callers have checked the pair against
+// decode_unsupported_reason; anything else is a bug, reported as an internal error.
 #pragma once
 
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
+#include "pagoda/backend/cuda/check.h"
 #include "pagoda/core/dtype.h"
 
 namespace pagoda::cuda {
@@ -14,7 +16,8 @@ void dispatch_head_dim(int head_dim, Fn&& fn) {
   switch (head_dim) {
     case 64: return fn.template operator()<T, 64>();
     case 128: return fn.template operator()<T, 128>();
-    default: return fn.template operator()<T, 256>();
+    case 256: return fn.template operator()<T, 256>();
+    default: check_cuda(cudaErrorInvalidValue, "decode kernel dispatch (head_dim not 64, 128 or 256)");
   }
 }
 
@@ -22,8 +25,10 @@ template <typename Fn>
 void dispatch_decode_kernel(DType dtype, int head_dim, Fn&& fn) {
   if (dtype == DType::kF16) {
     dispatch_head_dim<__half>(head_dim, fn);
-  } else {
+  } else if (dtype == DType::kBF16) {
     dispatch_head_dim<__nv_bfloat16>(head_dim, fn);
+  } else {
+    check_cuda(cudaErrorInvalidValue, "decode kernel dispatch (dtype not f16 or bf16)");
   }
 }
 
