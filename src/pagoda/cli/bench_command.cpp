@@ -222,7 +222,7 @@ void register_bench(CLI::App& app) {
           {"bound", "per step, the larger of (weight bytes + KV bytes at mean context) / read bandwidth "
                     "and 2 x weights x tokens / FMA peak"},
       };
-      std::ofstream(flags->json_path) << j.dump(2) << "\n";
+      write_json_file(flags->json_path, j);
       std::fprintf(stderr, "bench: wrote %s\n", flags->json_path.c_str());
     }
   });

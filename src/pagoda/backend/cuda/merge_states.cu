@@ -10,11 +10,12 @@
 namespace pagoda::cuda {
 namespace {
 
-constexpr int kWarps = 4;
+constexpr int kWarps = 8;
 constexpr int kMaxDimsPerLane = 8;  // head_dim <= 256
 
-// One CTA per output row. The row's partials are dealt round-robin to the warps, so that the
-// loads of a long split (dozens of partials) are spread over four warps in flight at once; every
+// One CTA per output row. The row's partials are dealt round-robin to the warps, and each warp
+// keeps four of its partials' loads in flight, so a long split (a batch of one cuts each
+// sequence into dozens of partials) costs a few memory latencies, not one per partial; every
 // lane of a warp owns head_dim / 32 dims. Each partial weighs exp(lse_s - max); a row whose
 // partials are all empty (lse -inf) gets o = 0 and lse = -inf rather than the NaN of
 // exp(-inf - -inf).
@@ -53,6 +54,7 @@ __global__ void __launch_bounds__(kWarps * 32)
 
   float weight_sum = 0.f;
   float acc[kMaxDimsPerLane] = {};
+#pragma unroll 4
   for (int s = first + warp; s < last; s += kWarps) {
     const int64_t slot = int64_t(s) * group + r;
     const float weight = __expf(partial_lse[slot] - max_lse);

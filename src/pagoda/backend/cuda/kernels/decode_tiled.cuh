@@ -2,8 +2,9 @@
 // group of query rows of one (sequence, kv head) over a run of KV tokens. Each KV byte is read
 // from device memory once, into shared memory, and used by every query row of the group.
 //
-// Pipeline: the item's tokens are cut into tiles of kTileTokens; kStages tiles are in flight
-// (cp.async, 16 bytes per thread, zero-filled past the end). Each of the 4 warps owns 16 rows of
+// Pipeline: the item's tokens are cut into tiles of kTileTokens in kStages shared-memory
+// buffers; while one tile is computed the next kStages - 1 are in flight (cp.async, 16 bytes per
+// thread, zero-filled past the end). Each of the 4 warps owns 16 rows of
 // a tile and keeps its own online-softmax state; the warps merge with ⊕ at the end.
 //
 // Tensor cores with the group on the narrow side, so that no row is padding:
