@@ -30,8 +30,8 @@ DeviceSummary describe_current_device();
 // Streaming-read bandwidth of device memory in bytes/s: a read-only kernel over a 4 GB buffer (a
 // quarter of free memory when that is less), 16-byte evict-first loads, grid-stride
 // with enough CTAs to fill every SM, an xor of everything read kept so the loads stay. The best
-// of `passes` timed passes after one warm-up. The buffer is freed before returning.
-double measure_stream_read_bandwidth(int passes = 10);
+// of `passes` timed passes after 300 untimed ones. The buffer is freed before returning.
+double measure_stream_read_bandwidth(int passes = 20);
 
 // Evicts L2 between timed runs by reading a buffer twice the L2 size, so the next run reads its
 // inputs from device memory, as a real decode step whose KV was last touched a layer ago does.
