@@ -16,11 +16,12 @@ void DecodeWorkspace::upload(const attention::DecodePlan& plan, const attention:
   items.upload(plan.items, stream);
   merges.upload(plan.merges, stream);
   block_ids.upload(batch.block_ids, stream);
-  const size_t group = size_t(std::max(shape.group_size(), 1));
-  partial_o.resize(size_t(plan.num_partials) * group * size_t(std::max(shape.head_dim, 0)));
-  partial_lse.resize(size_t(plan.num_partials) * group);
-  group_size = shape.group_size();
+  // The plan came from plan_decode, which rejected a shape without kv heads; stay safe anyway.
+  group_size = shape.num_kv_heads > 0 ? shape.group_size() : 0;
   head_dim = shape.head_dim;
+  const size_t group = size_t(std::max(group_size, 1));
+  partial_o.resize(size_t(plan.num_partials) * group * size_t(std::max(head_dim, 0)));
+  partial_lse.resize(size_t(plan.num_partials) * group);
   max_block_id = batch.block_ids.empty() ? -1 : *std::ranges::max_element(batch.block_ids);
   min_block_id = batch.block_ids.empty() ? 0 : *std::ranges::min_element(batch.block_ids);
 }
