@@ -98,4 +98,18 @@ TEST(Cli, BadFlags) {
   expect_error("frobnicate", "frobnicate");
 }
 
+// A CUDA build checks the flags before it looks for a GPU (CI has none); without CUDA the
+// command says so.
+TEST(Cli, BenchAttentionRejectsBadFlags) {
+#if PAGODA_HAVE_CUDA
+  expect_error("bench attention --heads 32x8", "q_heads/kv_heads");
+  expect_error("bench attention --heads 32/5", "do not divide");
+  expect_error("bench attention --variants fast", "unknown variant");
+  expect_error("bench attention --head-dim 96", "head_dim must be");
+  expect_error("bench attention --min-split-tokens 0", "min-split-tokens");
+#else
+  expect_error("bench attention", "without CUDA");
+#endif
+}
+
 }  // namespace

@@ -17,6 +17,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "pagoda/attention/plan.h"
 #include "pagoda/cli/commands.h"
 #include "pagoda/core/error.h"
 
@@ -31,7 +32,6 @@
 #include <type_traits>
 
 #include "pagoda/attention/decode_batch.h"
-#include "pagoda/attention/plan.h"
 #include "pagoda/backend/cuda/bench_support.h"
 #include "pagoda/backend/cuda/check.h"
 #include "pagoda/backend/cuda/decode_attention.h"
