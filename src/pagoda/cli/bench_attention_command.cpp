@@ -182,42 +182,37 @@ attention::AttentionShape shape_of(const AttentionBenchFlags& flags, HeadSpec he
           .softmax_scale = 1.f / std::sqrt(float(flags.head_dim))};
 }
 
-// Stands in for the pool when a config is checked before the pool exists: decode_unsupported_reason
-// also checks that k and v are 16-byte aligned, which the real pool (cudaMalloc'd, every prefix a
-// whole number of pages) always is. Never dereferenced.
-alignas(256) const std::byte kPoolStandIn[256] = {};
-
-// The pool view of a config (by default on the stand-in, for checks only).
+// A config's view of the sweep's pool: K at k, V at v.
 PagedKv pool_view(const AttentionBenchFlags& flags, DType dtype, KvLayout layout, HeadSpec heads,
-                  int32_t num_blocks, void* k = const_cast<std::byte*>(kPoolStandIn),
-                  void* v = const_cast<std::byte*>(kPoolStandIn)) {
+                  int32_t num_blocks, void* k, void* v) {
   return make_paged_kv(k, v, dtype, layout, num_blocks, flags.block_size, heads.kv_heads, flags.head_dim,
                        Device::kCuda);
 }
 
 int32_t blocks_per_sequence(int32_t context, int32_t block_size) { return (context + block_size - 1) / block_size; }
 
-// The command that reruns one config alone.
-std::string reproduce_command(const AttentionBenchFlags& flags, const Config& c) {
-  return fmt::format(
-      "pagoda bench attention --batches {} --contexts {} --heads {}/{} --head-dim {} --block-size {} --dtype {} "
-      "--layout {} --runs {} --warmup {} --variants {} --prefetch-distance {} --min-split-tokens {}{}",
-      c.batch, c.context, c.heads.q_heads, c.heads.kv_heads, flags.head_dim, flags.block_size, flags.dtype,
-      flags.layout, flags.runs, flags.warmup, join(flags.variants), flags.prefetch_distance, flags.min_split_tokens,
-      flags.baseline_all ? " --baseline-all" : "");
-}
-
+// The command that runs `flags` again.
 std::string command_line(const AttentionBenchFlags& flags, bool max_kv_given) {
   std::string s = fmt::format(
       "pagoda bench attention --batches {} --contexts {} --heads {} --head-dim {} --block-size {} --dtype {} "
-      "--layout {} --runs {} --warmup {} --variants {} --prefetch-distance {} --min-split-tokens {} --out {}",
+      "--layout {} --runs {} --warmup {} --variants {} --prefetch-distance {} --min-split-tokens {}",
       join(flags.batches), join(flags.contexts), join(flags.heads), flags.head_dim, flags.block_size, flags.dtype,
-      flags.layout, flags.runs, flags.warmup, join(flags.variants), flags.prefetch_distance, flags.min_split_tokens,
-      flags.out);
+      flags.layout, flags.runs, flags.warmup, join(flags.variants), flags.prefetch_distance, flags.min_split_tokens);
+  if (!flags.out.empty()) s += " --out " + flags.out;
   if (!flags.filter.empty()) s += " --filter '" + flags.filter + "'";
   if (max_kv_given) s += fmt::format(" --max-kv-gb {}", flags.max_kv_gb);
   if (flags.baseline_all) s += " --baseline-all";
   return s;
+}
+
+// The command that reruns one config alone.
+std::string reproduce_command(AttentionBenchFlags flags, const Config& c) {
+  flags.batches = {c.batch};
+  flags.contexts = {c.context};
+  flags.heads = {fmt::format("{}/{}", c.heads.q_heads, c.heads.kv_heads)};
+  flags.out.clear();
+  flags.filter.clear();
+  return command_line(flags, /*max_kv_given=*/false);
 }
 
 Timing summarize(std::vector<double> us, int64_t bytes, double bandwidth) {
@@ -362,8 +357,7 @@ void run_attention_bench(AttentionBenchFlags flags, bool max_kv_given) {
 
   // head_dim, block size, dtype and layout hold for the whole sweep: ask the kernels once, with
   // the plainest heads, and reject the flags if they cannot run at all.
-  if (const char* why = cuda::decode_unsupported_reason(shape_of(flags, {1, 1}),
-                                                        pool_view(flags, dtype, layout, {1, 1}, 1)))
+  if (const char* why = cuda::decode_shape_unsupported_reason(shape_of(flags, {1, 1}), dtype))
     fail(ErrorKind::kInvalidArgument, "--head-dim {} --block-size {} --dtype {} --layout {}: {}", flags.head_dim,
          flags.block_size, flags.dtype, flags.layout, why);
   if (!cuda::device_available()) fail(ErrorKind::kUnsupported, "bench attention: no CUDA device");
@@ -405,8 +399,7 @@ void run_attention_bench(AttentionBenchFlags flags, bool max_kv_given) {
     r.kv_bytes = int64_t(c.batch) * c.context * c.heads.kv_heads * flags.head_dim * elem * 2;
     r.bytes = r.kv_bytes + 2 * int64_t(c.batch) * c.heads.q_heads * flags.head_dim * elem;
     r.pool_bytes = int64_t(num_blocks) * flags.block_size * c.heads.kv_heads * flags.head_dim * elem * 2;
-    if (const char* why = cuda::decode_unsupported_reason(shape_of(flags, c.heads),
-                                                          pool_view(flags, dtype, layout, c.heads, num_blocks))) {
+    if (const char* why = cuda::decode_shape_unsupported_reason(shape_of(flags, c.heads), dtype)) {
       r.skipped = fmt::format("unsupported: {}", why);
     } else if (double(r.pool_bytes) > cap_bytes) {
       r.skipped = fmt::format("KV pool of {:.1f} GB exceeds the {:.1f} GB cap (--max-kv-gb)", r.pool_bytes / 1e9,

@@ -31,15 +31,14 @@ attention::DeviceInfo decode_device_info(const attention::AttentionShape& shape,
   int sms = 0;
   check_cuda(cudaGetDevice(&device), "cudaGetDevice");
   check_cuda(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device), "cudaDeviceGetAttribute");
-  const bool supported = (dtype == DType::kF16 || dtype == DType::kBF16) &&
-                         (shape.head_dim == 64 || shape.head_dim == 128 || shape.head_dim == 256);
-  const int ctas = supported ? decode_tiled_ctas_per_sm(dtype, shape.head_dim) : 1;
+  const int ctas = decode_shape_unsupported_reason(shape, dtype) == nullptr
+                       ? decode_tiled_ctas_per_sm(dtype, shape.head_dim)
+                       : 1;
   return {.num_workers = sms * std::max(ctas, 1)};
 }
 
-const char* decode_unsupported_reason(const attention::AttentionShape& shape, const PagedKv& kv) {
-  if (kv.device != Device::kCuda) return "the KV pool is not on the GPU";
-  if (kv.dtype != DType::kF16 && kv.dtype != DType::kBF16) return "KV dtype must be f16 or bf16";
+const char* decode_shape_unsupported_reason(const attention::AttentionShape& shape, DType dtype) {
+  if (dtype != DType::kF16 && dtype != DType::kBF16) return "KV dtype must be f16 or bf16";
   if (shape.head_dim != 64 && shape.head_dim != 128 && shape.head_dim != 256) {
     return "head_dim must be 64, 128 or 256";
   }
@@ -50,6 +49,12 @@ const char* decode_unsupported_reason(const attention::AttentionShape& shape, co
       shape.group_size() < 1 || shape.group_size() > 8) {
     return "query heads per kv head (GQA group) must be 1 to 8";
   }
+  return nullptr;
+}
+
+const char* decode_unsupported_reason(const attention::AttentionShape& shape, const PagedKv& kv) {
+  if (kv.device != Device::kCuda) return "the KV pool is not on the GPU";
+  if (const char* reason = decode_shape_unsupported_reason(shape, kv.dtype)) return reason;
   if (kv.head_dim != shape.head_dim || kv.block_size != shape.block_size ||
       kv.num_kv_heads != shape.num_kv_heads) {
     return "the KV pool's head_dim, block size or kv heads differ from the attention shape";

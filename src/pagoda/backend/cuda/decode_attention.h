@@ -59,9 +59,12 @@ struct DecodeWorkspace {
 // resident CTAs of the kGroupTiled kernel.
 attention::DeviceInfo decode_device_info(const attention::AttentionShape& shape, DType dtype);
 
-// Null when the kernels support this shape and pool (f16 or bf16 on the device, head_dim 64, 128
-// or 256, block size 16, 32 or 64, group size 1 to 8); otherwise why not. decode_attention
-// throws Error(kUnsupported) with the same reason.
+// Null when the kernels support this shape and KV dtype (f16 or bf16, head_dim 64, 128 or 256,
+// block size 16, 32 or 64, group size 1 to 8); otherwise why not.
+const char* decode_shape_unsupported_reason(const attention::AttentionShape& shape, DType dtype);
+
+// The same for a pool: its shape and dtype, and a device pool matching the shape with 16-byte
+// aligned rows. decode_attention throws Error(kUnsupported) with this reason.
 const char* decode_unsupported_reason(const attention::AttentionShape& shape, const PagedKv& kv);
 
 // Runs the uploaded plan: the work items, then (when the plan splits) the merges. kv: a device pool (HND or NHD) of dtype f16 or bf16.
