@@ -1,0 +1,50 @@
+// Connection: one accepted client socket, served on its own thread: read requests, hand each to
+// the handler, keep the connection open between them, and close it on an error, a timeout, the
+// client's wish, or shutdown. The Server's part, not an API.
+#pragma once
+
+#include <atomic>
+#include <string_view>
+#include <vector>
+
+#include "pagoda/http/request.h"
+#include "pagoda/http/response.h"
+#include "pagoda/http/server.h"
+
+namespace pagoda::http {
+
+class Connection {
+ public:
+  // Takes the socket (closes it). `stop_fd` turns readable, and `stopping` true, at shutdown.
+  Connection(int fd, const ServerOptions& options, const Handler& handler,
+             const std::atomic<bool>& stopping, int stop_fd);
+  ~Connection();
+  Connection(const Connection&) = delete;
+  Connection& operator=(const Connection&) = delete;
+
+  // Until the connection is closed. Never throws: whatever goes wrong closes this connection only.
+  void serve();
+
+ private:
+  void loop();
+  // Runs the handler; true when the connection can carry another request.
+  bool dispatch(const Request& request);
+  // An error response with Connection: close, then linger().
+  void close_with_error(int status, std::string_view message);
+  // Half-closes, then reads and drops what the client still sends, for a second at most. Closing
+  // with unread bytes would make the kernel send a reset, which can destroy the response we just
+  // sent before the client reads it (a 413 to a client still uploading, say).
+  void linger();
+
+  int fd_;
+  const ServerOptions& options_;
+  const Handler& handler_;
+  const std::atomic<bool>& stopping_;
+  int stop_fd_;
+  std::vector<char> buffer_;  // bytes read from the socket, not yet fed to the parser
+};
+
+// options.error_response(status, message), or text/plain when it is unset or throws.
+Response make_error_response(const ServerOptions& options, int status, std::string_view message);
+
+}  // namespace pagoda::http
