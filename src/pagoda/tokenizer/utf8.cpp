@@ -1,5 +1,7 @@
 #include "pagoda/tokenizer/utf8.h"
 
+#include <algorithm>
+
 namespace pagoda {
 namespace {
 
@@ -93,6 +95,10 @@ std::string to_valid_utf8(std::string_view text) {
   out.reserve(text.size());
   append_valid_utf8(out, text, /*hold_truncated=*/false);
   return out;
+}
+
+size_t count_code_points(std::string_view text) {
+  return size_t(std::count_if(text.begin(), text.end(), [](char c) { return (uint8_t(c) & 0xC0) != 0x80; }));
 }
 
 }  // namespace pagoda

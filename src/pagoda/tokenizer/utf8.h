@@ -35,4 +35,8 @@ uint32_t decode_utf8(std::string_view text, size_t pos, size_t length);
 size_t append_valid_utf8(std::string& out, std::string_view text, bool hold_truncated);
 std::string to_valid_utf8(std::string_view text);
 
+// Code points in valid UTF-8 text (the bytes that are not continuation bytes): what OpenAI's
+// text_offset counts.
+size_t count_code_points(std::string_view text);
+
 }  // namespace pagoda
