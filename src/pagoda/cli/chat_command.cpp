@@ -9,20 +9,8 @@
 #include "pagoda/cli/generation.h"
 #include "pagoda/cli/session.h"
 #include "pagoda/core/error.h"
-#include "pagoda/tokenizer/chat_template.h"
 
 namespace pagoda::cli {
-namespace {
-
-ChatTemplate choose_template(const std::string& name, const Tokenizer& tokenizer) {
-  if (!name.empty()) return chat_template_by_name(name);
-  if (auto detected = detect_chat_template(tokenizer.chat_template_text())) return *detected;
-  fail(ErrorKind::kUnsupported,
-       "the model's chat template is not one pagoda recognises; choose one with --chat-template "
-       "chatml|llama3|llama2");
-}
-
-}  // namespace
 
 void register_chat(CLI::App& app) {
   struct Flags {
@@ -45,7 +33,7 @@ void register_chat(CLI::App& app) {
     validate(flags->sampling);
     if (!flags->chat_template.empty()) chat_template_by_name(flags->chat_template);  // fail before loading
     Session session(flags->model);
-    const ChatTemplate chat_template = choose_template(flags->chat_template, session.tokenizer);
+    const ChatTemplate chat_template = choose_chat_template(flags->chat_template, session.tokenizer);
     Engine engine(*session.model, session.tokenizer, session.engine_options);
 
     std::vector<ChatMessage> history;

@@ -8,6 +8,7 @@ namespace pagoda::cli {
 void register_generate(CLI::App& app);
 void register_chat(CLI::App& app);
 void register_bench(CLI::App& app);
+void register_serve(CLI::App& app);
 // `bench attention`, registered on the `bench` subcommand by register_bench.
 void register_bench_attention(CLI::App& bench);
 

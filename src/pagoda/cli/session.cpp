@@ -55,6 +55,14 @@ void add_sampling_flags(CLI::App& app, SamplingParams& params) {
   app.add_flag("--ignore-eos", params.ignore_eos, "keep generating past the end-of-sequence token");
 }
 
+ChatTemplate choose_chat_template(const std::string& name, const Tokenizer& tokenizer) {
+  if (!name.empty()) return chat_template_by_name(name);
+  if (auto detected = detect_chat_template(tokenizer.chat_template_text())) return *detected;
+  fail(ErrorKind::kUnsupported,
+       "the model's chat template is not one pagoda recognises; choose one with --chat-template "
+       "chatml|llama3|llama2");
+}
+
 Session::Session(const ModelFlags& flags)
     : checkpoint(Checkpoint::open(flags.path.empty() ? default_model_path() : flags.path)),
       tokenizer(load_tokenizer(checkpoint)) {
