@@ -2,7 +2,11 @@
 // exit, never a crash; good input streams text and reports speed.
 #include <gtest/gtest.h>
 
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
 #include <sys/wait.h>
+#include <unistd.h>
 
 #include <cstdio>
 #include <cstring>
@@ -110,6 +114,30 @@ TEST(Cli, BenchAttentionRejectsBadFlags) {
 #else
   expect_error("bench attention", "without CUDA");
 #endif
+}
+
+TEST(Cli, ServeRejectsBadFlags) {
+  expect_error("serve --port 70000", "--port");
+  expect_error("serve --max-queue 0", "--max-queue");
+  expect_error("serve --max-body-bytes 10", "--max-body-bytes");
+  expect_error("serve --max-connections 0", "--max-connections");
+  expect_error("serve --chat-template nonsense", "nonsense");
+  expect_error("serve --host 999.1.1.1 --port 0", "cannot listen");
+}
+
+// A port someone else holds: one line saying so, not a crash.
+TEST(Cli, ServePortInUse) {
+  const int fd = socket(AF_INET, SOCK_STREAM, 0);
+  ASSERT_GE(fd, 0);
+  sockaddr_in address{};
+  address.sin_family = AF_INET;
+  address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  ASSERT_EQ(bind(fd, reinterpret_cast<sockaddr*>(&address), sizeof(address)), 0);
+  ASSERT_EQ(listen(fd, 1), 0);
+  socklen_t length = sizeof(address);
+  ASSERT_EQ(getsockname(fd, reinterpret_cast<sockaddr*>(&address), &length), 0);
+  expect_error("serve --port " + std::to_string(ntohs(address.sin_port)), "in use");
+  close(fd);
 }
 
 }  // namespace
