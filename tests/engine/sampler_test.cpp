@@ -164,6 +164,20 @@ TEST(SamplerGreedy, IgnoresFiltersAndSeed) {
   }
 }
 
+// A temperature so small that logits / temperature overflow is greedy, with finite logprobs.
+TEST(SamplerGreedy, TinyTemperatureIsGreedy) {
+  for (float t : {1e-40f, 1e-20f, 0.9e-5f}) {
+    SamplingParams p = with_seed(7);
+    p.temperature = t;
+    p.logprobs = 2;
+    Sampler sampler(p);
+    std::vector<float> logits = {-3.0f, -1.0f, -2.0f, -8.0f};
+    const SampledToken out = sampler.sample(logits, {}, 0);
+    EXPECT_EQ(out.token, 1) << t;
+    EXPECT_TRUE(std::isfinite(out.logprob)) << t;
+  }
+}
+
 // ---- the sampled distribution, filter by filter ----
 
 TEST(SamplerDistribution, TemperatureScalesLogits) {

@@ -53,6 +53,8 @@ INSTANTIATE_TEST_SUITE_P(
         BadCase{"repetition_zero", [](auto& p) { p.repetition_penalty = 0.0f; }, "repetition_penalty"},
         BadCase{"repetition_negative", [](auto& p) { p.repetition_penalty = -1.0f; }, "repetition_penalty"},
         BadCase{"repetition_inf", [](auto& p) { p.repetition_penalty = kInf; }, "repetition_penalty"},
+        BadCase{"repetition_tiny", [](auto& p) { p.repetition_penalty = 1e-3f; }, "repetition_penalty"},
+        BadCase{"repetition_huge", [](auto& p) { p.repetition_penalty = 1e3f; }, "repetition_penalty"},
         BadCase{"presence_low", [](auto& p) { p.presence_penalty = -2.01f; }, "presence_penalty"},
         BadCase{"presence_high", [](auto& p) { p.presence_penalty = 2.01f; }, "presence_penalty"},
         BadCase{"presence_nan", [](auto& p) { p.presence_penalty = kNaN; }, "presence_penalty"},
@@ -75,7 +77,7 @@ TEST(SamplingParams, RangeEndsThatAreInsideAreAccepted) {
   p.top_k = 0;
   p.top_p = 1.0f;
   p.min_p = 1.0f;
-  p.repetition_penalty = 1e-3f;
+  p.repetition_penalty = 0.01f;
   p.presence_penalty = -2.0f;
   p.frequency_penalty = 2.0f;
   p.max_tokens = 1;

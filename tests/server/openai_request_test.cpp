@@ -63,6 +63,13 @@ void expect_refusals(ApiKind kind, const std::vector<Refusal>& cases, int32_t ma
   }
 }
 
+// `item` n times, comma-separated: the inside of a long JSON array.
+std::string repeated(const std::string& item, int n) {
+  std::string out;
+  for (int i = 0; i < n; ++i) out += (i ? "," : "") + item;
+  return out;
+}
+
 TEST(OpenAiRequest, BodiesThatAreNotObjects) {
   for (ApiKind kind : {ApiKind::kChat, ApiKind::kCompletion}) {
     expect_refusals(kind, {{"", 400, "", "could not parse the JSON body"},
@@ -120,7 +127,8 @@ TEST(OpenAiRequest, ChatRefusals) {
           {chat_body(R"("min_p": 2)"), 400, "min_p", "min_p must be in [0, 1]"},
           {chat_body(R"("presence_penalty": 3)"), 400, "presence_penalty", "[-2, 2]"},
           {chat_body(R"("frequency_penalty": -2.5)"), 400, "frequency_penalty", "[-2, 2]"},
-          {chat_body(R"("repetition_penalty": 0)"), 400, "repetition_penalty", "> 0"},
+          {chat_body(R"("repetition_penalty": 0)"), 400, "repetition_penalty", "[0.01, 100]"},
+          {chat_body(R"("stop": ")" + std::string(1025, 'x') + "\""), 400, "stop", "at most 1024 bytes"},
           {chat_body(R"("n": 0)"), 400, "n", "between 1 and 16"},
           {chat_body(R"("n": 17)"), 400, "n", "between 1 and 16"},
           {chat_body(R"("n": "2")"), 400, "n", "must be an integer"},
@@ -132,6 +140,7 @@ TEST(OpenAiRequest, ChatRefusals) {
           {chat_body(R"("stop_token_ids": [-1])"), 400, "stop_token_ids", "outside the vocabulary (0 to 49151)"},
           {chat_body(R"("stop_token_ids": [49152])"), 400, "stop_token_ids", "outside the vocabulary"},
           {chat_body(R"("stop_token_ids": 2)"), 400, "stop_token_ids", "an array of token ids"},
+          {chat_body("\"stop_token_ids\": [" + repeated("0", 65) + "]"), 400, "stop_token_ids", "at most 64 ids"},
           {chat_body(R"("seed": 1.5)"), 400, "seed", "must be an integer"},
           {chat_body(R"("seed": "1")"), 400, "seed", "must be an integer"},
           {chat_body(R"("ignore_eos": 1)"), 400, "ignore_eos", "must be a boolean"},
@@ -194,6 +203,10 @@ TEST(OpenAiRequest, CompletionRefusals) {
                       {R"({"prompt": [[1, 2], 3]})", 400, "prompt[1]", "an array of token ids"},
                       {R"({"prompt": [[1, 2], [99999]]})", 400, "prompt[1]", "outside the vocabulary"},
                       {completion_body(R"("model": "davinci")"), 404, "model", "The model 'davinci' does not exist"},
+                      // A small body must not make a mountain of work: prompts and prompts x n are capped.
+                      {"{\"prompt\": [" + repeated("[1]", 65) + "]}", 400, "prompt", "at most 64 prompts, got 65"},
+                      {"{\"n\": 16, \"prompt\": [" + repeated("\"a\"", 5) + "]}", 400, "prompt",
+                       "make 80 choices; one request may ask for at most 64"},
                       {completion_body(R"("suffix": "end")"), 400, "suffix", "not supported"},
                       {completion_body(R"("echo": true)"), 400, "echo", "not supported"},
                       {completion_body(R"("best_of": 2)"), 400, "best_of", "not supported"},

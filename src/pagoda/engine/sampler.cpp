@@ -92,7 +92,7 @@ SampledToken Sampler::sample(std::span<float> logits, std::span<const int32_t> t
   const size_t vocab = logits.size();
   SampledToken out;
 
-  if (params_.temperature == 0.0f) {
+  if (params_.temperature < kGreedyBelowTemperature) {
     out.token = argmax(logits);
     if (params_.logprobs > 0) {
       const float max_z = logits[out.token];

@@ -33,7 +33,10 @@ void validate(const SamplingParams& p) {
   if (!(p.min_p >= 0 && p.min_p <= 1)) bad("min_p", "in [0, 1] (0 = off)", p.min_p);
 
   check_finite("repetition_penalty", p.repetition_penalty);
-  if (p.repetition_penalty <= 0) bad("repetition_penalty", "> 0 (1 = off)", p.repetition_penalty);
+  // Bounded away from 0 and infinity: logits are divided or multiplied by it and must stay finite.
+  if (!(p.repetition_penalty >= 0.01f && p.repetition_penalty <= 100)) {
+    bad("repetition_penalty", "in [0.01, 100] (1 = off)", p.repetition_penalty);
+  }
 
   check_finite("presence_penalty", p.presence_penalty);
   if (!(p.presence_penalty >= -2 && p.presence_penalty <= 2)) {

@@ -13,12 +13,16 @@ namespace pagoda {
 // OpenAI's top_logprobs allows at most 20; so does vLLM by default.
 inline constexpr int32_t kMaxLogprobs = 20;
 
+// Temperatures below this sample greedily: dividing logits by a tinier one overflows to inf
+// (vLLM draws the same line).
+inline constexpr float kGreedyBelowTemperature = 1e-5f;
+
 struct SamplingParams {
-  float temperature = 1.0f;         // 0: greedy (argmax); otherwise logits are divided by it
+  float temperature = 1.0f;         // below kGreedyBelowTemperature (0): greedy; else logits / temperature
   int32_t top_k = 0;                // keep the k most likely tokens; 0 (or >= vocab): off
   float top_p = 1.0f;               // keep the fewest tokens whose mass reaches top_p; 1: off
   float min_p = 0.0f;               // drop tokens less likely than min_p * p(most likely); 0: off
-  float repetition_penalty = 1.0f;  // CTRL rule over prompt + output tokens; 1: off
+  float repetition_penalty = 1.0f;  // CTRL rule over prompt + output tokens, in [0.01, 100]; 1: off
   float presence_penalty = 0.0f;    // OpenAI: subtracted once from every token the output holds
   float frequency_penalty = 0.0f;   // OpenAI: subtracted once per occurrence in the output
   std::optional<uint64_t> seed;     // none: a seed from std::random_device

@@ -213,10 +213,18 @@ void read_common(const json& body, const ModelContext& model, GenerationJob& job
     } else {
       wrong_type("stop", "a string or an array of strings", *value);
     }
+    for (const std::string& s : stop) {
+      if (s.size() > kMaxStopStringBytes) {
+        refuse("stop", "stop strings may be at most {} bytes long, got one of {}", kMaxStopStringBytes, s.size());
+      }
+    }
     set_checked(params, "stop", [&](SamplingParams& p) { p.stop = stop; });
   }
   if (const json* value = find(body, "stop_token_ids")) {
     if (!value->is_array()) wrong_type("stop_token_ids", "an array of token ids", *value);
+    if (value->size() > size_t(kMaxStopTokenIds)) {
+      refuse("stop_token_ids", "'stop_token_ids' may hold at most {} ids, got {}", kMaxStopTokenIds, value->size());
+    }
     for (const json& id : *value) params.stop_token_ids.push_back(as_token_id(id, "stop_token_ids", model.tokenizer));
   }
   if (const json* value = find(body, "ignore_eos")) params.ignore_eos = as_bool(*value, "ignore_eos");
@@ -354,6 +362,10 @@ std::vector<std::vector<int32_t>> read_prompts(const json& body, const Tokenizer
   if (!first.is_string() && !first.is_array()) {
     wrong_type("prompt[0]", "a string, a token id or an array of token ids", first);
   }
+  // Checked before any is encoded; with n, again after.
+  if (prompt->size() > size_t(kMaxChoicesPerRequest)) {
+    refuse("prompt", "one request may hold at most {} prompts, got {}", kMaxChoicesPerRequest, prompt->size());
+  }
   std::vector<std::vector<int32_t>> prompts;
   for (size_t i = 0; i < prompt->size(); ++i) {
     const json& item = (*prompt)[i];
@@ -417,6 +429,10 @@ GenerationJob parse_completion_request(std::string_view text, const ModelContext
   if (const json* logprobs = find(body, "logprobs")) set_logprobs(job, as_int32(*logprobs, "logprobs"), "logprobs");
 
   job.prompts = read_prompts(body, model.tokenizer);
+  if (job.prompts.size() * size_t(job.n) > size_t(kMaxChoicesPerRequest)) {
+    refuse("prompt", "{} prompts x n = {} make {} choices; one request may ask for at most {}", job.prompts.size(),
+           job.n, job.prompts.size() * size_t(job.n), kMaxChoicesPerRequest);
+  }
   fit_context(job, read_max_tokens(body, "max_tokens"), model);
   return job;
 }

@@ -15,7 +15,8 @@
 //  - max_tokens absent: the context left after the prompt, per prompt (vLLM's chat default;
 //    OpenAI's legacy completions default is 16). Chat's max_completion_tokens wins over
 //    max_tokens when both are given.
-//  - n: 1..16. stop: a string or up to 16 strings (OpenAI allows 4, vLLM any number).
+//  - n: 1..16, and prompts x n at most 64. stop: a string or up to 16 strings (OpenAI allows 4,
+//    vLLM any number) of up to 1 KiB each; stop_token_ids: up to 64.
 //  - top_k: 0 or -1 is off (-1 is vLLM's spelling). seed: any 64-bit integer, negative ones
 //    taken modulo 2^64.
 //  - completions logprobs: 0..20 like vLLM (OpenAI caps it at 5).
@@ -44,8 +45,13 @@ struct ModelContext {
   int32_t max_context;   // tokens: prompt + completion must fit
 };
 
-inline constexpr int32_t kMaxChoices = 16;      // n
+// Bounds on what one request may ask for, so a small body cannot make the server build an
+// enormous amount of work or copies of its parameters (each choice holds its own).
+inline constexpr int32_t kMaxChoices = 16;             // n
+inline constexpr int32_t kMaxChoicesPerRequest = 64;   // prompts x n
 inline constexpr int32_t kMaxStopStrings = 16;
+inline constexpr size_t kMaxStopStringBytes = 1024;
+inline constexpr int32_t kMaxStopTokenIds = 64;
 
 struct GenerationJob {
   ApiKind kind = ApiKind::kChat;
