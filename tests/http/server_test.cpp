@@ -317,6 +317,21 @@ TEST_F(ServerTest, HandlerFailuresBecome500) {
   EXPECT_EQ(r->status, 200);
 }
 
+// A HEAD response carries the GET's headers and no body, or the next response on the
+// connection would be read as that body.
+TEST_F(ServerTest, HeadHasNoBody) {
+  start(echo);
+  TestClient client(port());
+  client.send("HEAD /h HTTP/1.1\r\nHost: test\r\n\r\n" + get("/g", "Connection: close\r\n"));
+  const std::string bytes = client.read_to_end();
+  EXPECT_NE(bytes.find("Content-Length: 8\r\n"), std::string::npos) << bytes;  // "HEAD /h "
+  EXPECT_EQ(bytes.find("HEAD /h "), std::string::npos) << bytes;
+  const size_t second = bytes.find("HTTP/1.1 200", 1);
+  ASSERT_NE(second, std::string::npos) << bytes;
+  EXPECT_TRUE(bytes.ends_with("GET /g ")) << bytes;
+  EXPECT_EQ(bytes.find("\r\n\r\nHTTP/1.1"), second - 4) << "the HEAD response is not headers alone: " << bytes;
+}
+
 TEST_F(ServerTest, HandlerThrowingMidStreamClosesTheConnection) {
   start([](const Request&, Exchange& exchange) {
     exchange.start_stream(200, "text/event-stream");

@@ -127,18 +127,40 @@ TEST_F(EngineServiceTest, CancelFreesTheBlocks) {
     std::this_thread::sleep_for(10ms);
   EXPECT_EQ(metrics.gauges().kv_blocks_used, 0);
   EXPECT_EQ(metrics.gauges().running_requests, 0);
+  service.stop();
+  // Stopped, not run to the end and then freed.
+  EXPECT_LT(engine.stats().generated_tokens, 200);
 }
 
-TEST_F(EngineServiceTest, FullQueueIs429AndRefusalIs400) {
+TEST_F(EngineServiceTest, FullQueueIs429) {
   Engine engine(*model_, *tokenizer_, {.num_kv_blocks = 64, .max_batch = 1});
   Metrics metrics;
   EngineService service(engine, metrics, 2);
-  // Three choices can never fit a queue of two: refused whole, nothing runs.
+  auto running = service.submit({greedy("Tell me a long story.", 2000)});
+  while (running->wait(50ms).empty()) {}  // it has the one batch slot now
+  auto waiting = service.submit({greedy("a", 4), greedy("b", 4)});  // the queue is full
   try {
-    service.submit({greedy("a", 4), greedy("b", 4), greedy("c", 4)});
+    service.submit({greedy("c", 4)});
     FAIL() << "no 429";
   } catch (const ApiError& e) {
     EXPECT_EQ(e.status, 429);
+    EXPECT_NE(std::string(e.what()).find("retry"), std::string::npos) << e.what();
+  }
+  service.cancel(running);
+  EXPECT_EQ(drain(*waiting).size(), 2u);  // the queued request runs once the slot is free
+}
+
+TEST_F(EngineServiceTest, RefusalsAre400AndRunNothing) {
+  Engine engine(*model_, *tokenizer_, {.num_kv_blocks = 64, .max_batch = 1});
+  Metrics metrics;
+  EngineService service(engine, metrics, 2);
+  // Three choices can never fit a queue of two: 400, not a 429 that invites a retry.
+  try {
+    service.submit({greedy("a", 4), greedy("b", 4), greedy("c", 4)});
+    FAIL() << "no 400";
+  } catch (const ApiError& e) {
+    EXPECT_EQ(e.status, 400);
+    EXPECT_NE(std::string(e.what()).find("--max-queue"), std::string::npos) << e.what();
   }
   // An out-of-vocabulary token: the engine refuses it, and the valid choice beside it is withdrawn.
   Request bad = greedy("x", 4);
@@ -152,7 +174,8 @@ TEST_F(EngineServiceTest, FullQueueIs429AndRefusalIs400) {
   }
   auto stream = service.submit({greedy("still serving", 3)});
   EXPECT_EQ(drain(*stream).at(0).size(), 3u);
-  EXPECT_EQ(metrics.gauges().queue_length, 0);
+  service.stop();
+  EXPECT_EQ(engine.stats().generated_tokens, 3);  // only the last request's: nothing refused ran
 }
 
 TEST_F(EngineServiceTest, StopFailsWhatStillWaits) {

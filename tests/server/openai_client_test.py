@@ -402,6 +402,19 @@ class ErrorTest(h.ServerTestCase):
             status, _, body = h.request(SERVER, method, path, b"{}" if method == "POST" else None)
             self.assert_error(status, body, 404, f"{method} {path}")
 
+    def test_cross_origin_post(self):
+        payload = {"model": self.model, "prompt": "Hi", "max_tokens": 2}
+        status, _, body = h.post_json(SERVER, "/v1/completions", payload, {"Origin": "http://evil.example"})
+        self.assert_error(status, body, 403, "a POST from another site's page")
+        origin = f"http://{SERVER.host}:{SERVER.port}"  # the chat page's own requests
+        status, _, body = h.post_json(SERVER, "/v1/completions", payload, {"Origin": origin})
+        self.assertEqual(status, 200, body[:300])
+
+    def test_head(self):
+        status, headers, body = h.request(SERVER, "HEAD", "/health")
+        self.assertEqual((status, body), (200, b""))
+        self.assertEqual(headers.get("content-length"), str(len(b'{"status":"ok"}')))
+
 
 def send_large_body(server, path, body):
     """POST a body the server may refuse from its headers alone: send the headers, give the server a
@@ -480,10 +493,16 @@ class DisconnectTest(h.ServerTestCase):
                             f"{samples.get('pagoda_kv_blocks_used')}, client_disconnects_total="
                             f"{samples.get('pagoda_client_disconnects_total')} (was {before})")
         self.assertEqual(samples.get("pagoda_running_requests"), 0, what)
+        # Cancelled, not run to the end: far fewer tokens than asked for were generated.
+        generated = samples["pagoda_generation_tokens_total"] - self.generated_before
+        self.assertLess(generated, self.MAX_TOKENS // 4, f"{what}: {generated} tokens generated after all")
+
+    MAX_TOKENS = 4000
 
     def long_request(self, stream):
-        # Long enough to be running still when the client leaves (it is cancelled, so cheap).
-        return {"model": self.model, "prompt": "Tell me a long story about a pagoda.", "max_tokens": 400,
+        # Far longer than the test waits: only a cancel can end it in time.
+        self.generated_before = h.metrics(SERVER)["pagoda_generation_tokens_total"]
+        return {"model": self.model, "prompt": "Tell me a long story about a pagoda.", "max_tokens": self.MAX_TOKENS,
                 "temperature": 0, "ignore_eos": True, "stream": stream}
 
     def test_streaming_client_disconnects(self):

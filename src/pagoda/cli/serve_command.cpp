@@ -33,10 +33,13 @@ namespace {
 std::atomic<http::Server*> g_server{nullptr};
 int g_signal_pipe[2] = {-1, -1};
 
-// Async-signal-safe: all it does is tell the signal thread which signal came.
+// Async-signal-safe: all it does is tell the signal thread which signal came. The pipe's write
+// end does not block, and errno is put back for the code the signal interrupted.
 extern "C" void forward_signal(int signal) {
+  const int saved_errno = errno;
   const auto byte = static_cast<unsigned char>(signal);
   [[maybe_unused]] const ssize_t written = write(g_signal_pipe[1], &byte, 1);
+  errno = saved_errno;
 }
 
 int next_signal() {
@@ -46,7 +49,8 @@ int next_signal() {
 }
 
 void start_signal_thread() {
-  if (pipe2(g_signal_pipe, O_CLOEXEC) != 0) fail(ErrorKind::kInternal, "pipe2: {}", std::strerror(errno));
+  if (pipe2(g_signal_pipe, O_CLOEXEC) != 0 || fcntl(g_signal_pipe[1], F_SETFL, O_NONBLOCK) != 0)
+    fail(ErrorKind::kInternal, "signal pipe: {}", std::strerror(errno));
   struct sigaction action {};
   action.sa_handler = forward_signal;
   sigemptyset(&action.sa_mask);

@@ -132,7 +132,7 @@ void Connection::loop() {
 }
 
 bool Connection::dispatch(const Request& request) {
-  Exchange exchange(fd_, request.minor_version, request.keep_alive, &stopping_);
+  Exchange exchange(fd_, request.minor_version, request.keep_alive, &stopping_, request.method == "HEAD");
   std::optional<std::string> failure;
   try {
     handler_(request, exchange);
@@ -147,6 +147,8 @@ bool Connection::dispatch(const Request& request) {
     if (exchange.responded()) return false;
     exchange.respond(make_error_response(options_, 500, fmt::format("internal error: {}", *failure)));
   } else if (!exchange.responded()) {
+    // A handler may give up on a client that has gone; there is no one to answer then.
+    if (exchange.client_gone()) return false;
     spdlog::error("http: handler for {} {} returned without responding", request.method, request.path);
     exchange.respond(make_error_response(options_, 500, "internal error: the request was not answered"));
   }

@@ -36,8 +36,8 @@ void check_status(int status) {
 
 }  // namespace
 
-Exchange::Exchange(int fd, int minor_version, bool keep_alive, const std::atomic<bool>* stopping)
-    : fd_(fd), minor_version_(minor_version), keep_alive_(keep_alive), stopping_(stopping) {}
+Exchange::Exchange(int fd, int minor_version, bool keep_alive, const std::atomic<bool>* stopping, bool head_only)
+    : fd_(fd), minor_version_(minor_version), keep_alive_(keep_alive), stopping_(stopping), head_only_(head_only) {}
 
 std::string Exchange::head(int status, std::string_view content_type, const std::vector<Header>& extra,
                            std::string_view framing, bool close) {
@@ -68,20 +68,22 @@ void Exchange::respond(const Response& response) {
   const bool has_body = response.status != 204;
   const std::string framing = has_body ? fmt::format("Content-Length: {}\r\n", response.body.size()) : "";
   const std::string h = head(response.status, response.content_type, response.headers, framing, false);
-  write({h, has_body ? std::string_view(response.body) : std::string_view()});
+  write({h, has_body && !head_only_ ? std::string_view(response.body) : std::string_view()});
 }
 
 bool Exchange::start_stream(int status, std::string_view content_type, const std::vector<Header>& extra) {
   // HTTP/1.0 has no chunked encoding: the body runs to the end of the connection.
+  // HEAD: no body at all, so nothing frames one and the connection closes after the headers.
   const bool http10 = minor_version_ == 0;
-  const std::string h = head(status, content_type, extra, http10 ? "" : "Transfer-Encoding: chunked\r\n", http10);
+  const std::string h = head(status, content_type, extra, http10 || head_only_ ? "" : "Transfer-Encoding: chunked\r\n",
+                             http10 || head_only_);
   streaming_ = true;
   return write({h});
 }
 
 bool Exchange::send(std::string_view data) {
   if (!streaming_ || stream_ended_) fail(ErrorKind::kInternal, "send() outside a stream");
-  if (data.empty() || broken_) return !broken_;
+  if (data.empty() || broken_ || head_only_) return !broken_;
   if (minor_version_ == 0) return write({data});
   const std::string size = fmt::format("{:x}\r\n", data.size());
   return write({size, data, "\r\n"});
@@ -90,7 +92,7 @@ bool Exchange::send(std::string_view data) {
 void Exchange::end_stream() {
   if (!streaming_ || stream_ended_) fail(ErrorKind::kInternal, "end_stream() outside a stream");
   stream_ended_ = true;
-  if (minor_version_ != 0) write({"0\r\n\r\n"});
+  if (minor_version_ != 0 && !head_only_) write({"0\r\n\r\n"});
 }
 
 bool Exchange::client_gone() {

@@ -20,7 +20,10 @@ class Exchange {
   // Over a connected socket, which stays the caller's. `minor_version` is the request's (HTTP/1.0
   // clients get no chunked encoding). `keep_alive`: the connection is to stay open after this
   // response; if false, or once *stopping turns true, the response says Connection: close.
-  Exchange(int fd, int minor_version, bool keep_alive, const std::atomic<bool>* stopping = nullptr);
+  // `head_only`: the request was HEAD, so the response is its status line and headers alone
+  // (Content-Length still counts the body a GET would get); handlers answer it as a GET.
+  Exchange(int fd, int minor_version, bool keep_alive, const std::atomic<bool>* stopping = nullptr,
+           bool head_only = false);
 
   // The whole response, with Content-Length. A failed write (client gone) is not an error here:
   // client_gone() reports it.
@@ -66,6 +69,7 @@ class Exchange {
   int minor_version_;
   bool keep_alive_;
   const std::atomic<bool>* stopping_;
+  bool head_only_;
   bool responded_ = false;
   bool streaming_ = false;
   bool stream_ended_ = false;

@@ -110,7 +110,9 @@ Server::~Server() {
 
 void Server::run() {
   pollfd fds[3] = {{stop_fd_, POLLIN, 0}, {reap_fd_, POLLIN, 0}, {listen_fd_, POLLIN, 0}};
-  while (!stopping_.load()) {
+  // Leaves on stop_fd_ alone, not on stopping_: shutdown() sets the flag before it writes the
+  // eventfd, and run() returning lets the Server be destroyed under that write.
+  for (;;) {
     if (poll(fds, 3, -1) < 0) {
       if (errno != EINTR) {
         spdlog::error("http: poll failed: {}", errno_message(errno));

@@ -21,9 +21,10 @@
 namespace pagoda::http {
 
 // Runs on the connection's thread, once per request, so calls for different connections run
-// concurrently: the handler must be thread-safe. It must respond (respond() or a stream);
-// if it returns without, the client gets a 500. If it throws, the client gets a 500 when nothing
-// was sent yet; otherwise the connection is closed.
+// concurrently: the handler must be thread-safe. It must respond (respond() or a stream) unless
+// the client has gone (Exchange::client_gone()); if it returns without, the client gets a 500.
+// If it throws, the client gets a 500 when nothing was sent yet; otherwise the connection is
+// closed.
 using Handler = std::function<void(const Request&, Exchange&)>;
 
 struct ServerOptions {

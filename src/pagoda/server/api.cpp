@@ -25,6 +25,19 @@ bool equal_in_constant_time(std::string_view a, std::string_view b) {
   return difference == 0;
 }
 
+// A browser sends Origin with every cross-site POST, and a page elsewhere could otherwise make a
+// visitor's browser use a server on their own machine (a "simple" text/plain POST needs no
+// preflight). Requests without Origin (curl, SDKs) and the chat page's own (same origin) pass.
+bool cross_origin(const http::Request& request) {
+  const std::string* origin = request.header("origin");
+  if (!origin) return false;
+  const std::string* host = request.header("host");
+  const size_t scheme_end = origin->find("://");
+  const std::string_view authority =
+      scheme_end == std::string::npos ? std::string_view() : std::string_view(*origin).substr(scheme_end + 3);
+  return !host || authority != *host;
+}
+
 int status_for(const Error& e) {
   switch (e.kind()) {
     case ErrorKind::kInvalidArgument:
@@ -75,7 +88,8 @@ bool Api::authorized(const http::Request& request) const {
 
 int Api::route(const http::Request& request, http::Exchange& exchange) {
   const std::string& path = request.path;
-  const bool get = request.method == "GET", post = request.method == "POST";
+  // HEAD is a GET whose body the HTTP layer leaves out (health checks use it).
+  const bool get = request.method == "GET" || request.method == "HEAD", post = request.method == "POST";
   const auto method_not_allowed = [&](const char* allowed) -> int {
     throw ApiError(405, fmt::format("{} {} is not supported; use {}", request.method, path, allowed));
   };
@@ -96,6 +110,9 @@ int Api::route(const http::Request& request, http::Exchange& exchange) {
     return 200;
   }
   if (!path.starts_with("/v1/")) throw ApiError(404, fmt::format("there is no {} here", path));
+  if (cross_origin(request)) {
+    throw ApiError(403, "cross-origin requests are refused: the page's Origin does not match this server's Host");
+  }
   if (!authorized(request)) {
     throw ApiError(401, "Incorrect API key provided. Pass it as 'Authorization: Bearer <key>'.");
   }

@@ -12,7 +12,7 @@ struct ApiError : std::runtime_error {
   ApiError(int status, std::string message, std::string param = {})
       : std::runtime_error(message), status(status), param(std::move(param)) {}
 
-  int status;         // 400, 401, 404, 413, 429, 500, 503
+  int status;         // 400, 401, 403, 404, 405, 413, 429, 500, 503
   std::string param;  // the request field at fault ("messages[1].content"), or "" for none
 };
 

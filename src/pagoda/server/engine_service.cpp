@@ -8,6 +8,19 @@
 #include "pagoda/server/api_error.h"
 
 namespace pagoda::server {
+namespace {
+
+std::string describe_current_exception() {
+  try {
+    throw;
+  } catch (const std::exception& e) {
+    return e.what();
+  } catch (...) {
+    return "an unknown exception";
+  }
+}
+
+}  // namespace
 
 std::vector<ChoiceEvent> GenerationStream::wait(std::chrono::milliseconds timeout) {
   std::unique_lock lock(mutex_);
@@ -83,6 +96,12 @@ void EngineService::cancel(const std::shared_ptr<GenerationStream>& stream) {
 
 void EngineService::accept(Submission& s) {
   const auto now = std::chrono::steady_clock::now();
+  if (int64_t(s.choices.size()) > max_queue_) {  // could never fit: retrying would not help
+    s.accepted.set_exception(std::make_exception_ptr(ApiError(
+        400, fmt::format("the request has {} choices; this server queues at most {} (--max-queue)", s.choices.size(),
+                         max_queue_))));
+    return;
+  }
   if (engine_.num_waiting() + int64_t(s.choices.size()) > max_queue_) {
     s.accepted.set_exception(std::make_exception_ptr(
         ApiError(429, fmt::format("the server is busy: {} requests are waiting (limit {}); retry later",
@@ -156,25 +175,31 @@ void EngineService::loop() {
       submissions.swap(submissions_);
       cancellations.swap(cancellations_);
     }
-    for (Submission& s : submissions) accept(s);
-    for (const auto& stream : cancellations) {
-      std::erase_if(tracked_, [&](const auto& entry) {
-        if (entry.second.stream != stream) return false;
-        engine_.cancel(entry.first);
-        return true;
-      });
-    }
-    if (engine_.has_work()) {
-      try {
-        deliver(engine_.step());
-      } catch (const std::exception& e) {
-        // The engine has put the step's sequences back in its queue; retrying the same step would
-        // most likely fail the same way, so the requests in flight end with the error instead.
-        spdlog::error("engine step failed: {}", e.what());
-        fail_all(fmt::format("the engine failed: {}", e.what()));
+    try {
+      for (Submission& s : submissions) accept(s);
+      for (const auto& stream : cancellations) {
+        std::erase_if(tracked_, [&](const auto& entry) {
+          if (entry.second.stream != stream) return false;
+          engine_.cancel(entry.first);
+          return true;
+        });
+      }
+      if (engine_.has_work()) deliver(engine_.step());
+      publish_gauges();
+    } catch (...) {
+      // A step that throws has put its sequences back in the engine's queue; retrying it would
+      // most likely fail the same way, so the requests in flight end with the error instead.
+      // (Out of memory elsewhere in this iteration ends up here too, rather than in terminate.)
+      const std::string what = describe_current_exception();
+      spdlog::error("engine thread: {}", what);
+      fail_all(fmt::format("the engine failed: {}", what));
+      for (Submission& s : submissions) {
+        try {
+          s.accepted.set_exception(std::make_exception_ptr(ApiError(500, "the engine failed: " + what)));
+        } catch (const std::future_error&) {  // this one was answered before the failure
+        }
       }
     }
-    publish_gauges();
   }
   // Whoever still waits (stop() without a drain) hears why, instead of waiting forever.
   fail_all("the server is shutting down");
