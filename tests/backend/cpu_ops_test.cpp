@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "pagoda/backend/cpu/cpu_backend.h"
+#include "pagoda/backend/cpu/elementwise.h"
 #include "pagoda/core/error.h"
 #include "pagoda/core/half.h"
 
@@ -97,12 +98,11 @@ TEST(CpuOps, RmsNorm) {
 
 // Rotate-half RoPE: pair (i, i + d/2) rotates by position * inv_freq[i].
 TEST(CpuOps, RopeRotatesHalfPairs) {
-  CpuBackend backend;
   const int64_t n = 4, heads = 3, d = 8;
   std::vector<float> x = random_vector(size_t(n * heads * d), 6), original = x;
   const std::vector<int32_t> positions = {0, 1, 7, 1000};
   const std::vector<float> inv_freq = {1.f, 0.1f, 0.01f, 0.001f};
-  backend.rope(Tensor::contiguous(x.data(), DType::kF32, {n, heads, d}), positions, inv_freq);
+  cpu::rope(Tensor::contiguous(x.data(), DType::kF32, {n, heads, d}), positions, inv_freq);
   for (int64_t r = 0; r < n; ++r)
     for (int64_t hd = 0; hd < heads; ++hd)
       for (int64_t i = 0; i < d / 2; ++i) {
@@ -130,18 +130,40 @@ TEST(CpuOps, SiluMulAndAdd) {
   for (size_t i = 0; i < sum.size(); ++i) EXPECT_FLOAT_EQ(sum[i], out[i] + y[i]);
 }
 
+// x += y, then out = rms_norm(x): the residual is updated in place and the norm reads it.
+TEST(CpuOps, AddRmsNormUpdatesTheResidual) {
+  CpuBackend backend;
+  const int64_t n = 3, h = 16;
+  std::vector<float> x = random_vector(size_t(n * h), 10), y = random_vector(size_t(n * h), 11);
+  std::vector<float> w = random_vector(size_t(h), 12), out(size_t(n * h));
+  const std::vector<float> x0 = x;
+  backend.add_rms_norm(Tensor::contiguous(x.data(), DType::kF32, {n, h}), Tensor::contiguous(y.data(), DType::kF32, {n, h}),
+                       Tensor::contiguous(w.data(), DType::kF32, {h}), 1e-5f, Tensor::contiguous(out.data(), DType::kF32, {n, h}));
+  for (int64_t r = 0; r < n; ++r) {
+    double ss = 0;
+    for (int64_t c = 0; c < h; ++c) {
+      const size_t i = size_t(r * h + c);
+      EXPECT_FLOAT_EQ(x[i], x0[i] + y[i]);
+      ss += double(x[i]) * x[i];
+    }
+    const double inv = 1.0 / std::sqrt(ss / h + 1e-5);
+    for (int64_t c = 0; c < h; ++c) EXPECT_NEAR(out[size_t(r * h + c)], x[size_t(r * h + c)] * inv * w[size_t(c)], 1e-5);
+  }
+}
+
 TEST(CpuOps, EmbedWidensRowsAndRejectsBadIds) {
   CpuBackend backend;
   Weights table = make_weights(10, 6, DType::kF16, 9);
   std::vector<float> out(2 * 6);
-  const std::vector<int32_t> ids = {7, 0};
-  backend.embed(table.tensor, ids, Tensor::contiguous(out.data(), DType::kF32, {2, 6}));
+  StepBatch step;
+  step.tokens = {7, 0};
+  backend.embed(table.tensor, step, Tensor::contiguous(out.data(), DType::kF32, {2, 6}));
   for (int c = 0; c < 6; ++c) {
     EXPECT_EQ(out[size_t(c)], table.values[size_t(7 * 6 + c)]);
     EXPECT_EQ(out[size_t(6 + c)], table.values[size_t(c)]);
   }
-  const std::vector<int32_t> bad = {10};
-  EXPECT_THROW(backend.embed(table.tensor, bad, Tensor::contiguous(out.data(), DType::kF32, {1, 6})), Error);
+  step.tokens = {10};
+  EXPECT_THROW(backend.embed(table.tensor, step, Tensor::contiguous(out.data(), DType::kF32, {1, 6})), Error);
 }
 
 }  // namespace

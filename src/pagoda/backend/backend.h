@@ -2,17 +2,25 @@
 // written once against this interface; backend/cpu and backend/cuda implement it, and tests
 // compare them on the same inputs.
 //
-// Conventions: tensors are row-major views; "rows" are tokens. Activations are f32 on the CPU
-// backend. Weights may be f32, f16 or bf16 ([out_features, in_features], as in PyTorch): the
-// matmul widens them on the fly, so they stay small in memory.
+// Conventions: tensors are row-major views; "rows" are tokens. Activations are of
+// activation_dtype(): f32 on the CPU backend, the weights' f16 or bf16 on the GPU. Weights may be
+// f32, f16 or bf16 ([out_features, in_features], as in PyTorch). Logits are always f32.
+//
+// A step's metadata (token ids, positions, block tables, the decode plan) lives in a StepBatch
+// that the model builds on the host. begin_step() hands it to the backend once, before the first
+// op of the step (a GPU backend uploads it there), and every op that needs it takes the same
+// StepBatch, so no op moves host data by itself: that is what lets a GPU backend capture a whole
+// decode step in a CUDA graph.
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <span>
 #include <string>
 #include <vector>
 
+#include "pagoda/core/error.h"
 #include "pagoda/core/tensor.h"
 #include "pagoda/attention/plan.h"
 #include "pagoda/kv/kv_cache.h"
@@ -30,16 +38,36 @@ struct SequenceStep {
   int32_t row_begin = 0;
 };
 
-// What attention needs for a whole step, prepared once on the host and shared by every layer:
-// the sequences; the decode plan for those with a single new token; the rest are prefill chunks.
-struct AttentionStep {
+// Everything a step needs besides activations and weights, built once on the host and shared by
+// every layer. Sequences that decode (one new token) come first, so their rows are [0,
+// decode_batch.num_seqs()): the decode kernels read them as one contiguous block.
+struct StepBatch {
   std::vector<SequenceStep> sequences;
-  std::vector<int32_t> positions;      // [num_rows] position of each row's token
-  std::vector<int32_t> decode_rows;    // [decode_batch.num_seqs()] the row of each decode sequence
-  std::vector<int32_t> prefill_seqs;   // indices into sequences of the multi-token chunks
+  std::vector<int32_t> tokens;       // [num_rows] the token of each row
+  std::vector<int32_t> positions;    // [num_rows] its position in its sequence
+  std::vector<int32_t> slot_blocks;  // [num_rows] the KV block its K/V go to; -1: a padding row
+  std::vector<int32_t> logit_rows;   // rows whose logits the step computes, in output order
+  std::vector<int32_t> prefill_seqs;  // indices into sequences of the multi-token chunks
+  std::span<const float> rope_inv_freq;  // [head_dim / 2]
   attention::AttentionShape shape;
-  attention::DecodeBatch decode_batch;
+  attention::DecodeBatch decode_batch;  // the decode sequences, rows [0, num_seqs())
   attention::DecodePlan decode_plan;
+  // > 0: a decode-only step padded to this many rows (padding rows have no sequence, store no
+  // K/V and attend to nothing) so that a backend can replay one CUDA graph per padded size.
+  int32_t graph_rows = 0;
+
+  int64_t num_rows() const { return int64_t(tokens.size()); }
+};
+
+// How the backend samples one row of logits (the engine's SamplingParams without the penalties
+// and logprobs, which only the host sampler does). See backend/cuda/sampling.h.
+struct SamplingRow {
+  float temperature = 0.f;  // below kGreedyBelowTemperature: greedy
+  int32_t top_k = 0;
+  float top_p = 1.f;
+  float min_p = 0.f;
+  uint64_t seed = 0;
+  uint64_t offset = 0;  // tokens the request sampled before this one
 };
 
 class Backend {
@@ -47,6 +75,8 @@ class Backend {
   virtual ~Backend() = default;
   virtual std::string name() const = 0;
   virtual Device device() const = 0;
+  // The dtype of activations (and of the KV cache): the model allocates its workspace in it.
+  virtual DType activation_dtype() const = 0;
 
   // Owning device memory. A Buffer frees itself through its backend.
   class Buffer;
@@ -54,15 +84,21 @@ class Backend {
   virtual void upload(void* device_dst, const void* host_src, size_t bytes) = 0;
   virtual void download(void* host_dst, const void* device_src, size_t bytes) = 0;
 
-  // out[i, :] = table[ids[i], :]                      table [vocab, hidden], out [n, hidden]
-  virtual void embed(const Tensor& table, std::span<const int32_t> ids, Tensor out) = 0;
+  // The step's metadata, before its first op. The StepBatch must outlive the step's ops.
+  virtual void begin_step(const StepBatch& step) = 0;
+
+  // out[i, :] = table[step.tokens[i], :]              table [vocab, hidden], out [rows, hidden]
+  virtual void embed(const Tensor& table, const StepBatch& step, Tensor out) = 0;
   // out = x / sqrt(mean(x^2) + eps) * weight           x, out [n, hidden]; weight [hidden]
   virtual void rms_norm(const Tensor& x, const Tensor& weight, float eps, Tensor out) = 0;
+  // Row j of out = rms_norm of row step.logit_rows[j] of x: the final norm, only where logits are
+  // wanted.                                            out [logit_rows, hidden]
+  virtual void rms_norm_logit_rows(const Tensor& x, const StepBatch& step, const Tensor& weight, float eps,
+                                   Tensor out) = 0;
+  // x += y, then out = rms_norm(x) (x rounded to its dtype first, as the two ops apart would).
+  virtual void add_rms_norm(Tensor x, const Tensor& y, const Tensor& weight, float eps, Tensor out) = 0;
   // out = x @ w^T (+ bias)                             x [n, k], w [m, k], bias [m], out [n, m]
   virtual void matmul(const Tensor& x, const Tensor& w, const Tensor* bias, Tensor out) = 0;
-  // Rotary embedding in place, rotate-half (GPT-NeoX / Hugging Face) pairing (i, i + d/2).
-  // x [n, heads, head_dim]; positions [n]; inv_freq [head_dim / 2].
-  virtual void rope(Tensor x, std::span<const int32_t> positions, std::span<const float> inv_freq) = 0;
   // out = silu(gate) * up, where gate_up [n, 2 * width] holds gate then up in each row.
   virtual void silu_mul(const Tensor& gate_up, Tensor out) = 0;
   // x += y                                             x, y [n, hidden]
@@ -73,13 +109,32 @@ class Backend {
   virtual size_t allocate_kv_cache(const kv::KvCacheConfig& config) = 0;
   // Copies KV block src to dst in every layer (copy on write of a shared partial block).
   virtual void copy_kv_block(int32_t src, int32_t dst) = 0;
-  // Writes k, v ([num_rows, kv_heads, head_dim], strided rows) of the step's rows into the cache
-  // at `layer`, then computes attention for every row: out [num_rows, q_heads, head_dim].
-  virtual void attention(int layer, const AttentionStep& step, const Tensor& q, const Tensor& k,
-                         const Tensor& v, Tensor out) = 0;
+  // Rotary embedding (rotate-half pairing, step.positions, step.rope_inv_freq) of the q and k
+  // heads of qkv [rows, (q_heads + 2 kv_heads) * head_dim]: the rotated q goes to q [rows,
+  // q_heads, head_dim]; the rotated k and the v of each row are stored in layer's KV cache at
+  // step.slot_blocks / position. qkv is not changed.
+  virtual void rope_append_kv(int layer, const StepBatch& step, const Tensor& qkv, Tensor q) = 0;
+  // Attention of every row's query over its sequence's cached K/V up to its own position
+  // (causal): q, out [rows, q_heads, head_dim]. Runs after rope_append_kv of the same layer.
+  virtual void attention(int layer, const StepBatch& step, const Tensor& q, Tensor out) = 0;
 
   // What the decode planner needs to know (parallel workers available to split KV across).
   virtual attention::DeviceInfo device_info() const = 0;
+
+  // Decode-only steps of `rows` sequences whose plan does not split KV are padded to this many
+  // rows and run through run_graph; 0: never (the CPU backend).
+  virtual int32_t graph_rows(int32_t rows) const { return 0; }
+  // Runs body, which issues one padded decode step's ops: captured into a graph the first time a
+  // key is seen and replayed after (ops inside must depend on nothing but the StepBatch given to
+  // begin_step and buffers that outlive the graph). The default just runs it.
+  virtual void run_graph(int32_t key, const std::function<void()>& body) { body(); }
+
+  // Whether sample() is available; when not, the engine samples downloaded logits on the host.
+  virtual bool can_sample() const { return false; }
+  // One token for each of rows.size() leading rows of logits [n, ld] f32, whose first `vocab`
+  // columns are valid.
+  virtual void sample(const Tensor& logits, int32_t vocab, std::span<const SamplingRow> rows,
+                      std::span<int32_t> tokens);
 };
 
 class Backend::Buffer {
@@ -92,5 +147,9 @@ class Backend::Buffer {
   void* data_ = nullptr;
   size_t size_ = 0;
 };
+
+inline void Backend::sample(const Tensor&, int32_t, std::span<const SamplingRow>, std::span<int32_t>) {
+  fail(ErrorKind::kUnsupported, "the {} backend does not sample; sample downloaded logits", name());
+}
 
 }  // namespace pagoda

@@ -1,5 +1,6 @@
 #include "pagoda/model/model.h"
 
+#include <algorithm>
 #include <cmath>
 
 #include "pagoda/core/error.h"
@@ -15,7 +16,7 @@ size_t Model::weight_bytes() const {
   return bytes;
 }
 
-size_t Model::allocate_kv_cache(int32_t num_blocks, int32_t block_size, DType dtype) {
+size_t Model::allocate_kv_cache(int32_t num_blocks, int32_t block_size) {
   kv_block_size_ = block_size;
   kv_num_blocks_ = num_blocks;
   return backend_.allocate_kv_cache(kv::KvCacheConfig{.num_layers = config_.num_layers,
@@ -23,41 +24,47 @@ size_t Model::allocate_kv_cache(int32_t num_blocks, int32_t block_size, DType dt
                                                       .block_size = block_size,
                                                       .num_kv_heads = config_.num_kv_heads,
                                                       .head_dim = config_.head_dim,
-                                                      .dtype = dtype,
+                                                      .dtype = backend_.activation_dtype(),
                                                       .layout = KvLayout::kHnd});
 }
 
-void Model::ensure_workspace(int64_t rows, int64_t logit_rows) {
+void Model::reserve(int64_t rows, int64_t logit_rows) {
   const ModelConfig& c = config_;
+  const size_t act = dtype_size(backend_.activation_dtype());
+  auto buffer = [&](int64_t elements, size_t element_bytes) { return backend_.allocate(size_t(elements) * element_bytes); };
   if (rows > workspace_rows_) {
-    auto floats = [&](int64_t n) { return backend_.allocate(size_t(n) * sizeof(float)); };
-    x_ = floats(rows * c.hidden_size);
-    h_ = floats(rows * c.hidden_size);
-    qkv_ = floats(rows * (c.q_dim() + 2 * c.kv_dim()));
-    attn_ = floats(rows * c.q_dim());
-    gate_up_ = floats(rows * 2 * c.intermediate_size);
-    act_ = floats(rows * c.intermediate_size);
+    x_.reset(), h_.reset(), qkv_.reset(), q_.reset(), attn_.reset(), proj_.reset(), gate_up_.reset(), act_.reset();
+    x_ = buffer(rows * c.hidden_size, act);
+    h_ = buffer(rows * c.hidden_size, act);
+    qkv_ = buffer(rows * (c.q_dim() + 2 * c.kv_dim()), act);
+    q_ = buffer(rows * c.q_dim(), act);
+    attn_ = buffer(rows * c.q_dim(), act);
+    proj_ = buffer(rows * c.hidden_size, act);
+    gate_up_ = buffer(rows * 2 * c.intermediate_size, act);
+    act_ = buffer(rows * c.intermediate_size, act);
     workspace_rows_ = rows;
+    ++workspace_generation_;
   }
   if (logit_rows > workspace_logit_rows_) {
-    logits_in_ = backend_.allocate(size_t(logit_rows * c.hidden_size) * sizeof(float));
-    logits_ = backend_.allocate(size_t(logit_rows) * size_t(c.vocab_size) * sizeof(float));
+    logits_in_.reset(), logits_.reset();
+    logits_in_ = buffer(logit_rows * c.hidden_size, act);
+    logits_ = buffer(logit_rows * c.vocab_size, sizeof(float));
     workspace_logit_rows_ = logit_rows;
+    ++workspace_generation_;
   }
 }
 
-AttentionStep Model::plan_step(std::span<const SequenceChunk> chunks) const {
-  AttentionStep step;
+StepBatch Model::plan_step(std::span<const SequenceChunk> chunks) const {
+  StepBatch step;
   step.shape = attention::AttentionShape{.num_q_heads = config_.num_q_heads,
                                          .num_kv_heads = config_.num_kv_heads,
                                          .head_dim = config_.head_dim,
                                          .block_size = kv_block_size_,
                                          .softmax_scale = 1.f / std::sqrt(float(config_.head_dim))};
-  int32_t row = 0;
+  step.rope_inv_freq = weights_.rope_inv_freq;
   for (const SequenceChunk& chunk : chunks) {
-    const int32_t n = int32_t(chunk.tokens.size());
-    const int64_t end = int64_t(chunk.start_pos) + n;
-    if (n == 0) fail(ErrorKind::kInvalidArgument, "a sequence chunk has no tokens");
+    const int64_t end = int64_t(chunk.start_pos) + int64_t(chunk.tokens.size());
+    if (chunk.tokens.empty()) fail(ErrorKind::kInvalidArgument, "a sequence chunk has no tokens");
     if (chunk.start_pos < 0 || end > config_.max_context)
       fail(ErrorKind::kInvalidArgument, "positions [{}, {}) exceed the model's context of {} tokens",
            chunk.start_pos, end, config_.max_context);
@@ -65,94 +72,147 @@ AttentionStep Model::plan_step(std::span<const SequenceChunk> chunks) const {
       fail(ErrorKind::kInternal, "block table of {} blocks cannot hold {} tokens", chunk.block_ids.size(), end);
     for (int32_t id : chunk.block_ids)
       if (id < 0 || id >= kv_num_blocks_) fail(ErrorKind::kInternal, "block id {} outside the KV cache", id);
+  }
+
+  // Rows: the decoding chunks first (the decode kernels read their rows as one block), then the
+  // prefill chunks, each in the callers' order.
+  std::vector<int32_t> last_row(chunks.size());
+  auto add_chunk = [&](size_t i) {
+    const SequenceChunk& chunk = chunks[i];
+    const auto n = int32_t(chunk.tokens.size());
+    const auto row = int32_t(step.tokens.size());
     const auto seq = int32_t(step.sequences.size());
     step.sequences.push_back({chunk.block_ids, chunk.start_pos, n, row});
-    for (int32_t i = 0; i < n; ++i) step.positions.push_back(chunk.start_pos + i);
+    for (int32_t t = 0; t < n; ++t) {
+      const int32_t pos = chunk.start_pos + t;
+      step.tokens.push_back(chunk.tokens[size_t(t)]);
+      step.positions.push_back(pos);
+      step.slot_blocks.push_back(chunk.block_ids[size_t(pos / kv_block_size_)]);
+    }
     if (n == 1) {
-      step.decode_rows.push_back(row);
       step.decode_batch.add_sequence(chunk.block_ids, chunk.start_pos + 1);
     } else {
       step.prefill_seqs.push_back(seq);
     }
-    row += n;
+    last_row[i] = row + n - 1;
+  };
+  for (size_t i = 0; i < chunks.size(); ++i)
+    if (chunks[i].tokens.size() == 1) add_chunk(i);
+  for (size_t i = 0; i < chunks.size(); ++i)
+    if (chunks[i].tokens.size() != 1) add_chunk(i);
+  bool all_want_logits = true;
+  for (size_t i = 0; i < chunks.size(); ++i) {
+    if (chunks[i].want_logits) step.logit_rows.push_back(last_row[i]);
+    all_want_logits = all_want_logits && chunks[i].want_logits;
   }
-  if (step.decode_batch.num_seqs() > 0)
-    step.decode_plan = attention::plan_decode(step.decode_batch, step.shape, backend_.device_info());
+
+  const int32_t num_decode = step.decode_batch.num_seqs();
+  if (num_decode == 0) return step;
+  const attention::DeviceInfo device = backend_.device_info();
+  // A decode-only step the backend replays as a graph: padded to the graph's size with rows
+  // that store nothing and attend to nothing, as long as the padded plan needs no split (a graph
+  // fixes the number of work items and has no merge).
+  const int32_t graph_rows = step.prefill_seqs.empty() && all_want_logits ? backend_.graph_rows(num_decode) : 0;
+  if (graph_rows >= num_decode) {
+    attention::DecodeBatch padded = step.decode_batch;
+    for (int32_t r = num_decode; r < graph_rows; ++r) padded.add_sequence({}, 0);
+    attention::DecodePlan plan = attention::plan_decode(padded, step.shape, device);
+    if (plan.merges.empty()) {
+      step.decode_batch = std::move(padded);
+      step.decode_plan = std::move(plan);
+      step.graph_rows = graph_rows;
+      for (int32_t r = num_decode; r < graph_rows; ++r) {
+        step.tokens.push_back(0);
+        step.positions.push_back(0);
+        step.slot_blocks.push_back(-1);
+        step.logit_rows.push_back(r);
+      }
+      return step;
+    }
+  }
+  step.decode_plan = attention::plan_decode(step.decode_batch, step.shape, device);
   return step;
 }
 
-std::span<const float> Model::forward(std::span<const SequenceChunk> chunks) {
-  if (kv_block_size_ == 0) fail(ErrorKind::kInternal, "forward before allocate_kv_cache");
+void Model::forward_layers(const StepBatch& step) {
   const ModelConfig& c = config_;
-  const AttentionStep step = plan_step(chunks);
-  const int64_t rows = int64_t(step.positions.size());
-  std::vector<int32_t> tokens;
-  tokens.reserve(size_t(rows));
-  int64_t logit_rows = 0;
-  for (const SequenceChunk& chunk : chunks) {
-    tokens.insert(tokens.end(), chunk.tokens.begin(), chunk.tokens.end());
-    logit_rows += chunk.want_logits;
-  }
-  ensure_workspace(rows, logit_rows);
-
+  const int64_t rows = step.num_rows();
+  const auto logit_rows = int64_t(step.logit_rows.size());
   const Device dev = backend_.device();
-  const int64_t qkv_width = c.q_dim() + 2 * c.kv_dim();
-  Tensor x = Tensor::contiguous(x_->data(), DType::kF32, {rows, c.hidden_size}, dev);
-  Tensor h = Tensor::contiguous(h_->data(), DType::kF32, {rows, c.hidden_size}, dev);
-  Tensor qkv = Tensor::contiguous(qkv_->data(), DType::kF32, {rows, qkv_width}, dev);
-  Tensor attn = Tensor::contiguous(attn_->data(), DType::kF32, {rows, c.q_dim()}, dev);
-  Tensor gate_up = Tensor::contiguous(gate_up_->data(), DType::kF32, {rows, 2 * int64_t(c.intermediate_size)}, dev);
-  Tensor act = Tensor::contiguous(act_->data(), DType::kF32, {rows, c.intermediate_size}, dev);
-
-  // Views of q, k and v inside each qkv row: [rows, heads, head_dim] with the row stride of qkv.
-  auto heads_view = [&](int64_t column, int64_t heads) {
-    Tensor t = qkv;
-    t.data = qkv.ptr<float>() + column;
-    t.ndim = 3;
-    t.shape = {rows, heads, c.head_dim, 0};
-    t.strides = {qkv_width, c.head_dim, 1, 0};
-    return t;
+  const DType act = backend_.activation_dtype();
+  auto view = [&](const std::shared_ptr<Backend::Buffer>& b, std::initializer_list<int64_t> shape) {
+    return Tensor::contiguous(b->data(), act, shape, dev);
   };
-  Tensor q = heads_view(0, c.num_q_heads);
-  Tensor k = heads_view(c.q_dim(), c.num_kv_heads);
-  Tensor v = heads_view(c.q_dim() + c.kv_dim(), c.num_kv_heads);
-  Tensor attn_heads = Tensor::contiguous(attn.data, DType::kF32, {rows, c.num_q_heads, c.head_dim}, dev);
+  Tensor x = view(x_, {rows, c.hidden_size});
+  Tensor h = view(h_, {rows, c.hidden_size});
+  Tensor qkv = view(qkv_, {rows, c.q_dim() + 2 * c.kv_dim()});
+  Tensor q = view(q_, {rows, c.num_q_heads, c.head_dim});
+  Tensor attn_heads = view(attn_, {rows, c.num_q_heads, c.head_dim});
+  Tensor attn = view(attn_, {rows, c.q_dim()});
+  Tensor proj = view(proj_, {rows, c.hidden_size});
+  Tensor gate_up = view(gate_up_, {rows, 2 * int64_t(c.intermediate_size)});
+  Tensor act_out = view(act_, {rows, c.intermediate_size});
 
-  backend_.embed(weights_.embedding, tokens, x);
+  backend_.embed(weights_.embedding, step, x);
+  backend_.rms_norm(x, weights_.layers[0].attn_norm, c.rms_norm_eps, h);
   for (int l = 0; l < c.num_layers; ++l) {
     const LayerWeights& w = weights_.layers[size_t(l)];
-    backend_.rms_norm(x, w.attn_norm, c.rms_norm_eps, h);
     backend_.matmul(h, w.qkv, w.qkv_bias.data ? &w.qkv_bias : nullptr, qkv);
-    backend_.rope(q, step.positions, weights_.rope_inv_freq);
-    backend_.rope(k, step.positions, weights_.rope_inv_freq);
-    backend_.attention(l, step, q, k, v, attn_heads);
-    backend_.matmul(attn, w.o, nullptr, h);
-    backend_.add(x, h);
-    backend_.rms_norm(x, w.ffn_norm, c.rms_norm_eps, h);
+    backend_.rope_append_kv(l, step, qkv, q);
+    backend_.attention(l, step, q, attn_heads);
+    backend_.matmul(attn, w.o, nullptr, proj);
+    backend_.add_rms_norm(x, proj, w.ffn_norm, c.rms_norm_eps, h);
     backend_.matmul(h, w.gate_up, nullptr, gate_up);
-    backend_.silu_mul(gate_up, act);
-    backend_.matmul(act, w.down, nullptr, h);
-    backend_.add(x, h);
+    backend_.silu_mul(gate_up, act_out);
+    backend_.matmul(act_out, w.down, nullptr, proj);
+    if (l + 1 < c.num_layers) {
+      backend_.add_rms_norm(x, proj, weights_.layers[size_t(l) + 1].attn_norm, c.rms_norm_eps, h);
+    } else {
+      backend_.add(x, proj);
+    }
   }
-
+  if (logit_rows == 0) return;
   // Final norm and lm_head only for the rows that sample.
-  Tensor logits_in = Tensor::contiguous(logits_in_ ? logits_in_->data() : nullptr, DType::kF32,
-                                        {logit_rows, c.hidden_size}, dev);
-  int64_t out_row = 0;
-  for (size_t i = 0; i < chunks.size(); ++i) {
-    if (!chunks[i].want_logits) continue;
-    const SequenceStep& s = step.sequences[i];
-    const int64_t last = s.row_begin + s.num_new - 1;
-    backend_.rms_norm(x.rows(last, last + 1), weights_.final_norm, c.rms_norm_eps,
-                      logits_in.rows(out_row, out_row + 1));
-    ++out_row;
-  }
-  host_logits_.resize(size_t(logit_rows) * size_t(c.vocab_size));
-  if (logit_rows == 0) return {};
+  Tensor logits_in = view(logits_in_, {logit_rows, c.hidden_size});
+  backend_.rms_norm_logit_rows(x, step, weights_.final_norm, c.rms_norm_eps, logits_in);
   Tensor logits = Tensor::contiguous(logits_->data(), DType::kF32, {logit_rows, c.vocab_size}, dev);
   backend_.matmul(logits_in, weights_.lm_head, nullptr, logits);
-  backend_.download(host_logits_.data(), logits.data, host_logits_.size() * sizeof(float));
+}
+
+void Model::run(std::span<const SequenceChunk> chunks) {
+  if (kv_block_size_ == 0) fail(ErrorKind::kInternal, "forward before allocate_kv_cache");
+  step_ = plan_step(chunks);
+  logit_rows_ = 0;
+  for (const SequenceChunk& chunk : chunks) logit_rows_ += chunk.want_logits;
+  reserve(step_.num_rows(), int64_t(step_.logit_rows.size()));
+  backend_.begin_step(step_);
+  if (step_.graph_rows > 0) {
+    backend_.run_graph(workspace_generation_ * 65536 + step_.graph_rows, [this] { forward_layers(step_); });
+  } else {
+    forward_layers(step_);
+  }
+}
+
+std::span<const float> Model::download_logits() {
+  host_logits_.resize(size_t(logit_rows_) * size_t(config_.vocab_size));
+  if (logit_rows_ > 0) backend_.download(host_logits_.data(), logits_->data(), host_logits_.size() * sizeof(float));
   return host_logits_;
+}
+
+std::vector<int32_t> Model::sample(std::span<const SamplingRow> rows, int32_t valid_vocab) {
+  if (int64_t(rows.size()) != logit_rows_)
+    fail(ErrorKind::kInternal, "sample: {} sampling rows for {} logit rows", rows.size(), logit_rows_);
+  std::vector<int32_t> tokens(rows.size());
+  if (rows.empty()) return tokens;
+  const Tensor logits = Tensor::contiguous(logits_->data(), DType::kF32,
+                                           {int64_t(step_.logit_rows.size()), config_.vocab_size}, backend_.device());
+  backend_.sample(logits, std::clamp(valid_vocab, 1, config_.vocab_size), rows, tokens);
+  return tokens;
+}
+
+std::span<const float> Model::forward(std::span<const SequenceChunk> chunks) {
+  run(chunks);
+  return download_logits();
 }
 
 }  // namespace pagoda

@@ -1,8 +1,10 @@
 // Model: the Llama-family forward pass (RMSNorm, RoPE, GQA attention over the paged KV cache,
 // SwiGLU, optional QKV bias, tied embeddings), written once against the Backend interface.
 //
-// One forward() is one engine step: any mix of prefill chunks and single-token decodes, each
-// sequence attending to its own paged KV. Logits are computed only for rows that sample.
+// One run() is one engine step: any mix of prefill chunks and single-token decodes, each
+// sequence attending to its own paged KV. Logits are computed only for rows that sample, and stay
+// in backend memory until download_logits() or sample() asks for them: a GPU step then moves
+// token ids to the host, not a [batch, vocab] matrix.
 #pragma once
 
 #include <memory>
@@ -35,17 +37,29 @@ class Model {
   // Storage type of the matmul weights.
   DType weight_dtype() const { return weights_.embedding.dtype; }
 
-  // Allocates the backend's paged KV cache: num_blocks blocks of block_size tokens, every layer.
-  // Returns its size in bytes.
-  size_t allocate_kv_cache(int32_t num_blocks, int32_t block_size, DType dtype = DType::kF32);
+  // Allocates the backend's paged KV cache: num_blocks blocks of block_size tokens, every layer,
+  // in the backend's activation dtype. Returns its size in bytes.
+  size_t allocate_kv_cache(int32_t num_blocks, int32_t block_size);
+  // Sizes the activations for steps of up to max_rows tokens and max_logit_rows sampled rows now,
+  // so that no later step reallocates them (and invalidates the backend's captured graphs).
+  void reserve(int64_t max_rows, int64_t max_logit_rows);
 
-  // Runs one step. Returns logits [number of chunks with want_logits, vocab] (f32, host), in chunk
-  // order; valid until the next call.
+  // Runs one step. The logits of the chunks with want_logits, in chunk order, stay in backend
+  // memory until the next run.
+  void run(std::span<const SequenceChunk> chunks);
+  // The last step's logits on the host: [chunks with want_logits, vocab] f32; valid until the
+  // next run.
+  std::span<const float> download_logits();
+  // One token per row of the last step's logits, sampled on the backend (backend().can_sample())
+  // among the first valid_vocab ids (a tokenizer may have fewer tokens than the padded embedding
+  // table). rows: one per logit row, in order.
+  std::vector<int32_t> sample(std::span<const SamplingRow> rows, int32_t valid_vocab);
+  // run(chunks), then download_logits().
   std::span<const float> forward(std::span<const SequenceChunk> chunks);
 
  private:
-  void ensure_workspace(int64_t rows, int64_t logit_rows);
-  AttentionStep plan_step(std::span<const SequenceChunk> chunks) const;
+  StepBatch plan_step(std::span<const SequenceChunk> chunks) const;
+  void forward_layers(const StepBatch& step);
 
   ModelConfig config_;
   Backend& backend_;
@@ -53,10 +67,14 @@ class Model {
   int32_t kv_block_size_ = 0;
   int32_t kv_num_blocks_ = 0;
 
-  // Activations, sized for the largest step so far.
+  // Activations, sized for the largest step so far. A CUDA graph captured over them is keyed by
+  // workspace_generation_, which changes whenever they are reallocated.
   int64_t workspace_rows_ = 0;
   int64_t workspace_logit_rows_ = 0;
-  std::shared_ptr<Backend::Buffer> x_, h_, qkv_, attn_, gate_up_, act_, logits_in_, logits_;
+  int32_t workspace_generation_ = 0;
+  std::shared_ptr<Backend::Buffer> x_, h_, qkv_, q_, attn_, proj_, gate_up_, act_, logits_in_, logits_;
+  StepBatch step_;          // the last step (its ops may still be running on the backend)
+  int64_t logit_rows_ = 0;  // of the last step
   std::vector<float> host_logits_;
 };
 

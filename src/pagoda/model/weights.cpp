@@ -83,18 +83,22 @@ class Loader {
     if (t.rows * t.cols != expected)
       fail(ErrorKind::kCorrupt, "'{}': tensor '{}' has {} elements, expected {}", checkpoint_.path(),
            name, t.rows * t.cols, expected);
-    Tensor v = fused({Part{&t}}, DType::kF32, progress);
+    Tensor v = fused({Part{&t}}, vector_dtype(), progress);
     v.ndim = 1;
     v.shape = {expected};
     v.strides = {1};
     return v;
   }
 
-  // Storage type of a matmul weight stored as `type`.
+  // Storage type of a matmul weight stored as `type`. A backend with f16 or bf16 activations
+  // multiplies weights of that same type only.
   DType matmul_dtype(GgmlType type) const {
+    if (backend_.activation_dtype() != DType::kF32) return backend_.activation_dtype();
     if (type == GgmlType::kBF16 && options_.weight_dtype != DType::kF32) return DType::kBF16;
     return options_.weight_dtype;
   }
+  // Norm weights and biases: the activations' type, as Hugging Face keeps them in the model's.
+  DType vector_dtype() const { return backend_.activation_dtype(); }
 
   void check_shape(const StoredTensor& t, int64_t rows, int64_t cols) const {
     if (t.rows != rows || t.cols != cols)
@@ -166,10 +170,13 @@ ModelWeights load_weights(const Checkpoint& checkpoint, Backend& backend, const 
         for (int64_t i = 0; i < b->cols; ++i) bias[at + size_t(i)] = tmp[size_t(source_row(Part{b, reorder, c.head_dim}, i))];
         at += size_t(b->cols);
       }
-      auto buffer = backend.allocate(bias.size() * 4);
-      backend.upload(buffer->data(), bias.data(), bias.size() * 4);
+      const DType bias_dtype = loader.vector_dtype();
+      std::vector<uint8_t> stored(bias.size() * dtype_size(bias_dtype));
+      convert_row(bias.data(), int64_t(bias.size()), bias_dtype, stored.data());
+      auto buffer = backend.allocate(stored.size());
+      backend.upload(buffer->data(), stored.data(), stored.size());
       w.buffers.push_back(buffer);
-      layer.qkv_bias = Tensor::contiguous(buffer->data(), DType::kF32, {int64_t(bias.size())}, backend.device());
+      layer.qkv_bias = Tensor::contiguous(buffer->data(), bias_dtype, {int64_t(bias.size())}, backend.device());
     }
     const StoredTensor& o = get("self_attn.o_proj.weight");
     loader.check_shape(o, c.hidden_size, c.q_dim());

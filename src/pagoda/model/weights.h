@@ -11,11 +11,11 @@
 namespace pagoda {
 
 struct LayerWeights {
-  Tensor attn_norm;  // [hidden] f32
+  Tensor attn_norm;  // [hidden] of the backend's activation dtype (as the biases and final_norm)
   Tensor qkv;        // [q_dim + 2 * kv_dim, hidden]: q rows, then k, then v (rotate-half order)
-  Tensor qkv_bias;   // [q_dim + 2 * kv_dim] f32; data == nullptr when the model has none
+  Tensor qkv_bias;   // [q_dim + 2 * kv_dim]; data == nullptr when the model has none
   Tensor o;          // [hidden, q_dim]
-  Tensor ffn_norm;   // [hidden] f32
+  Tensor ffn_norm;   // [hidden]
   Tensor gate_up;    // [2 * intermediate, hidden]: gate rows, then up rows
   Tensor down;       // [hidden, intermediate]
 };
@@ -23,7 +23,7 @@ struct LayerWeights {
 struct ModelWeights {
   Tensor embedding;   // [vocab, hidden]
   std::vector<LayerWeights> layers;
-  Tensor final_norm;  // [hidden] f32
+  Tensor final_norm;  // [hidden]
   Tensor lm_head;     // [vocab, hidden]; the embedding itself when tied
   std::vector<float> rope_inv_freq;  // [head_dim / 2]
   std::vector<std::shared_ptr<Backend::Buffer>> buffers;  // owns the memory behind the views
@@ -31,7 +31,8 @@ struct ModelWeights {
 
 struct LoadOptions {
   // Storage type of matmul weights stored quantized, f32 or f16 (bf16 checkpoints stay bf16
-  // unless this is f32). f16 halves the bytes each decode step reads; f32 is exact.
+  // unless this is f32). f16 halves the bytes each decode step reads; f32 is exact. A backend
+  // whose activations are f16 or bf16 stores every weight in that type instead.
   DType weight_dtype = DType::kF16;
   bool show_progress = true;
 };

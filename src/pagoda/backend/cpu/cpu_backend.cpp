@@ -26,12 +26,21 @@ class HostBuffer final : public Backend::Buffer {
   ~HostBuffer() override { std::free(data_); }
 };
 
-// Copies rows [begin, begin + n) of a [rows, heads, head_dim] view (strided rows) into dst,
-// contiguous [n, heads, head_dim].
-void gather_rows(const Tensor& src, int64_t begin, int64_t n, float* dst) {
+// The [rows, heads, head_dim] view of columns [column, column + heads * head_dim) of qkv.
+Tensor heads_view(const Tensor& qkv, int64_t column, int64_t heads, int64_t head_dim) {
+  Tensor t = qkv;
+  t.data = qkv.ptr<float>() + column;
+  t.ndim = 3;
+  t.shape = {qkv.size(0), heads, head_dim, 0};
+  t.strides = {qkv.strides[0], head_dim, 1, 0};
+  return t;
+}
+
+// Copies a [rows, heads, head_dim] view with strided rows into dst, contiguous.
+void gather(const Tensor& src, float* dst) {
   const int64_t width = src.size(1) * src.size(2);
-  for (int64_t r = 0; r < n; ++r)
-    std::memcpy(dst + r * width, src.ptr<float>() + (begin + r) * src.strides[0], size_t(width) * sizeof(float));
+  for (int64_t r = 0; r < src.size(0); ++r)
+    std::memcpy(dst + r * width, src.ptr<float>() + r * src.strides[0], size_t(width) * sizeof(float));
 }
 
 }  // namespace
@@ -40,12 +49,24 @@ std::shared_ptr<Backend::Buffer> CpuBackend::allocate(size_t bytes) { return std
 void CpuBackend::upload(void* dst, const void* src, size_t bytes) { std::memcpy(dst, src, bytes); }
 void CpuBackend::download(void* dst, const void* src, size_t bytes) { std::memcpy(dst, src, bytes); }
 
-void CpuBackend::embed(const Tensor& table, std::span<const int32_t> ids, Tensor out) { cpu::embed(table, ids, out); }
+void CpuBackend::embed(const Tensor& table, const StepBatch& step, Tensor out) { cpu::embed(table, step.tokens, out); }
 void CpuBackend::rms_norm(const Tensor& x, const Tensor& weight, float eps, Tensor out) { cpu::rms_norm(x, weight, eps, out); }
 void CpuBackend::matmul(const Tensor& x, const Tensor& w, const Tensor* bias, Tensor out) { cpu::matmul(x, w, bias, out); }
-void CpuBackend::rope(Tensor x, std::span<const int32_t> positions, std::span<const float> inv_freq) { cpu::rope(x, positions, inv_freq); }
 void CpuBackend::silu_mul(const Tensor& gate_up, Tensor out) { cpu::silu_mul(gate_up, out); }
 void CpuBackend::add(Tensor x, const Tensor& y) { cpu::add(x, y); }
+
+void CpuBackend::rms_norm_logit_rows(const Tensor& x, const StepBatch& step, const Tensor& weight, float eps,
+                                     Tensor out) {
+  for (size_t j = 0; j < step.logit_rows.size(); ++j) {
+    const int64_t row = step.logit_rows[j];
+    cpu::rms_norm(x.rows(row, row + 1), weight, eps, out.rows(int64_t(j), int64_t(j) + 1));
+  }
+}
+
+void CpuBackend::add_rms_norm(Tensor x, const Tensor& y, const Tensor& weight, float eps, Tensor out) {
+  cpu::add(x, y);
+  cpu::rms_norm(x, weight, eps, out);
+}
 
 size_t CpuBackend::allocate_kv_cache(const kv::KvCacheConfig& config) {
   cache_.reset();  // free the old cache before allocating the new one
@@ -55,42 +76,42 @@ size_t CpuBackend::allocate_kv_cache(const kv::KvCacheConfig& config) {
 
 void CpuBackend::copy_kv_block(int32_t src, int32_t dst) { cache_->copy_block(src, dst); }
 
-void CpuBackend::attention(int layer, const AttentionStep& step, const Tensor& q, const Tensor& k,
-                           const Tensor& v, Tensor out) {
+void CpuBackend::rope_append_kv(int layer, const StepBatch& step, const Tensor& qkv, Tensor q) {
+  if (!cache_) fail(ErrorKind::kInternal, "rope_append_kv before allocate_kv_cache");
+  const attention::AttentionShape& shape = step.shape;
+  const int64_t rows = qkv.size(0), dim = shape.head_dim;
+  const int64_t q_width = int64_t(shape.num_q_heads) * dim, kv_width = int64_t(shape.num_kv_heads) * dim;
+  gather(heads_view(qkv, 0, shape.num_q_heads, dim), q.ptr<float>());
+  cpu::rope(q, step.positions, step.rope_inv_freq);
+  k_scratch_.resize(size_t(rows * kv_width));
+  v_scratch_.resize(size_t(rows * kv_width));
+  gather(heads_view(qkv, q_width, shape.num_kv_heads, dim), k_scratch_.data());
+  gather(heads_view(qkv, q_width + kv_width, shape.num_kv_heads, dim), v_scratch_.data());
+  cpu::rope(Tensor::contiguous(k_scratch_.data(), DType::kF32, {rows, shape.num_kv_heads, dim}), step.positions,
+            step.rope_inv_freq);
+  for (const SequenceStep& s : step.sequences) {
+    auto rows_of = [&](std::vector<float>& scratch) {
+      return Tensor::contiguous(scratch.data() + s.row_begin * kv_width, DType::kF32,
+                                {s.num_new, shape.num_kv_heads, dim});
+    };
+    cache_->write(layer, s.block_ids, s.start_pos, rows_of(k_scratch_), rows_of(v_scratch_));
+  }
+}
+
+void CpuBackend::attention(int layer, const StepBatch& step, const Tensor& q, Tensor out) {
   if (!cache_) fail(ErrorKind::kInternal, "attention before allocate_kv_cache");
   const attention::AttentionShape& shape = step.shape;
   const int64_t q_width = int64_t(shape.num_q_heads) * shape.head_dim;
-  const int64_t kv_width = int64_t(shape.num_kv_heads) * shape.head_dim;
-
-  // Every sequence's new K/V first: a chunk attends to its own new tokens.
-  for (const SequenceStep& s : step.sequences) {
-    k_scratch_.resize(size_t(s.num_new * kv_width));
-    v_scratch_.resize(size_t(s.num_new * kv_width));
-    gather_rows(k, s.row_begin, s.num_new, k_scratch_.data());
-    gather_rows(v, s.row_begin, s.num_new, v_scratch_.data());
-    cache_->write(layer, s.block_ids, s.start_pos,
-                  Tensor::contiguous(k_scratch_.data(), DType::kF32, {s.num_new, shape.num_kv_heads, shape.head_dim}),
-                  Tensor::contiguous(v_scratch_.data(), DType::kF32, {s.num_new, shape.num_kv_heads, shape.head_dim}));
-  }
   const PagedKv pool = cache_->layer(layer);
-
   for (int32_t index : step.prefill_seqs) {
     const SequenceStep& s = step.sequences[size_t(index)];
-    q_scratch_.resize(size_t(s.num_new * q_width));
-    gather_rows(q, s.row_begin, s.num_new, q_scratch_.data());
-    attention::prefill_attention_cpu(shape, pool, s.block_ids, s.start_pos, s.num_new, q_scratch_.data(),
-                                     out.ptr<float>() + s.row_begin * out.strides[0]);
+    attention::prefill_attention_cpu(shape, pool, s.block_ids, s.start_pos, s.num_new,
+                                     q.ptr<float>() + s.row_begin * q_width,
+                                     out.ptr<float>() + s.row_begin * q_width);
   }
-
-  const auto num_decode = int64_t(step.decode_rows.size());
-  if (num_decode == 0) return;
-  q_scratch_.resize(size_t(num_decode * q_width));
-  out_scratch_.resize(size_t(num_decode * q_width));
-  for (int64_t i = 0; i < num_decode; ++i) gather_rows(q, step.decode_rows[size_t(i)], 1, q_scratch_.data() + i * q_width);
-  attention::run_decode_cpu(step.decode_plan, step.decode_batch, shape, pool, q_scratch_.data(), out_scratch_.data());
-  for (int64_t i = 0; i < num_decode; ++i)
-    std::memcpy(out.ptr<float>() + step.decode_rows[size_t(i)] * out.strides[0], out_scratch_.data() + i * q_width,
-                size_t(q_width) * sizeof(float));
+  // Decode rows lead the step: q and out rows [0, num_seqs) are the plan's sequences.
+  if (step.decode_batch.num_seqs() > 0)
+    attention::run_decode_cpu(step.decode_plan, step.decode_batch, shape, pool, q.ptr<float>(), out.ptr<float>());
 }
 
 attention::DeviceInfo CpuBackend::device_info() const { return {.num_workers = omp_get_max_threads()}; }

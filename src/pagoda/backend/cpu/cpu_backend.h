@@ -13,27 +13,31 @@ class CpuBackend final : public Backend {
  public:
   std::string name() const override { return "cpu"; }
   Device device() const override { return Device::kCpu; }
+  DType activation_dtype() const override { return DType::kF32; }
 
   std::shared_ptr<Buffer> allocate(size_t bytes) override;
   void upload(void* device_dst, const void* host_src, size_t bytes) override;
   void download(void* host_dst, const void* device_src, size_t bytes) override;
 
-  void embed(const Tensor& table, std::span<const int32_t> ids, Tensor out) override;
+  void begin_step(const StepBatch&) override {}
+  void embed(const Tensor& table, const StepBatch& step, Tensor out) override;
   void rms_norm(const Tensor& x, const Tensor& weight, float eps, Tensor out) override;
+  void rms_norm_logit_rows(const Tensor& x, const StepBatch& step, const Tensor& weight, float eps,
+                           Tensor out) override;
+  void add_rms_norm(Tensor x, const Tensor& y, const Tensor& weight, float eps, Tensor out) override;
   void matmul(const Tensor& x, const Tensor& w, const Tensor* bias, Tensor out) override;
-  void rope(Tensor x, std::span<const int32_t> positions, std::span<const float> inv_freq) override;
   void silu_mul(const Tensor& gate_up, Tensor out) override;
   void add(Tensor x, const Tensor& y) override;
 
   size_t allocate_kv_cache(const kv::KvCacheConfig& config) override;
   void copy_kv_block(int32_t src, int32_t dst) override;
-  void attention(int layer, const AttentionStep& step, const Tensor& q, const Tensor& k,
-                 const Tensor& v, Tensor out) override;
+  void rope_append_kv(int layer, const StepBatch& step, const Tensor& qkv, Tensor q) override;
+  void attention(int layer, const StepBatch& step, const Tensor& q, Tensor out) override;
   attention::DeviceInfo device_info() const override;
 
  private:
   std::unique_ptr<kv::KvCache> cache_;
-  std::vector<float> q_scratch_, out_scratch_, k_scratch_, v_scratch_;
+  std::vector<float> k_scratch_, v_scratch_;  // [rows, kv_heads, head_dim]
 };
 
 }  // namespace pagoda

@@ -46,6 +46,15 @@ class DeviceArray {
     size_ = size;
   }
 
+  // Room for `capacity` elements without changing the size (so later resizes up to it keep
+  // data() where it is: a captured CUDA graph holds that pointer).
+  void reserve(size_t capacity) {
+    if (capacity <= capacity_) return;
+    const size_t size = size_;
+    resize(capacity);
+    size_ = size;
+  }
+
   // Resizes to host.size() and copies host in (asynchronous on `stream` for pinned host memory,
   // synchronous with respect to the host otherwise).
   void upload(std::span<const T> host, cudaStream_t stream = nullptr) {
@@ -65,6 +74,7 @@ class DeviceArray {
   T* data() { return data_; }
   const T* data() const { return data_; }
   size_t size() const { return size_; }
+  size_t capacity() const { return capacity_; }
   size_t bytes() const { return size_ * sizeof(T); }
 
  private:
