@@ -1,0 +1,80 @@
+// The prefill kernel's instantiations, {f16, bf16} x head_dim {64, 128}, and its launch.
+#include <atomic>
+#include <bit>
+#include <cstdint>
+#include <numbers>
+
+#include "pagoda/backend/cuda/check.h"
+#include "pagoda/backend/cuda/kernels/prefill_tiled.cuh"
+#include "pagoda/backend/cuda/prefill_attention.h"
+
+namespace pagoda::cuda {
+namespace {
+
+// Calls fn.template operator()<T, kHeadDim>() for a runtime (dtype, head_dim): the kernel's
+// instantiation list. prefill_attention has checked the pair against prefill_unsupported_reason.
+template <typename Fn>
+void dispatch_prefill_kernel(DType dtype, int head_dim, Fn&& fn) {
+  auto by_head_dim = [&]<typename T>() {
+    switch (head_dim) {
+      case 64: return fn.template operator()<T, 64>();
+      case 128: return fn.template operator()<T, 128>();
+      default: check_cuda(cudaErrorInvalidValue, "prefill kernel dispatch (head_dim not 64 or 128)");
+    }
+  };
+  if (dtype == DType::kF16) {
+    by_head_dim.template operator()<__half>();
+  } else if (dtype == DType::kBF16) {
+    by_head_dim.template operator()<__nv_bfloat16>();
+  } else {
+    check_cuda(cudaErrorInvalidValue, "prefill kernel dispatch (dtype not f16 or bf16)");
+  }
+}
+
+// Above 48 KB a kernel's dynamic shared memory must be allowed explicitly, once per device
+// (tensor parallelism drives several from one process); a failed attempt is retried.
+template <typename T, int kHeadDim>
+void allow_shared_memory() {
+  static std::atomic<uint64_t> done_devices{0};  // bit d: device d (ordinals >= 64 always set it)
+  int device = 0;
+  check_cuda(cudaGetDevice(&device), "cudaGetDevice");
+  const uint64_t bit = device < 64 ? uint64_t(1) << device : 0;
+  if (bit != 0 && (done_devices.load(std::memory_order_relaxed) & bit)) return;
+  check_cuda(cudaFuncSetAttribute(prefill_tiled_kernel<T, kHeadDim>,
+                                  cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                  PrefillTiledConfig<kHeadDim>::kSmemBytes),
+             "cudaFuncSetAttribute(prefill_tiled_kernel)");
+  done_devices.fetch_or(bit, std::memory_order_relaxed);
+}
+
+}  // namespace
+
+void launch_prefill_tiled(const PrefillWorkspace& ws, const attention::AttentionShape& shape,
+                          const PagedKv& kv, const void* q, void* out, cudaStream_t stream) {
+  const int64_t num_ctas = int64_t(ws.tiles.size()) * shape.num_kv_heads;
+  if (num_ctas == 0) return;
+  const PrefillParams params{
+      .tiles = ws.tiles.data(),
+      .block_ids = ws.block_ids.data(),
+      .k = kv.k,
+      .v = kv.v,
+      .page_stride = kv.page_stride,
+      .head_stride = kv.head_stride,
+      .token_stride = kv.token_stride,
+      .block_size_log2 = std::countr_zero(uint32_t(shape.block_size)),
+      .q = q,
+      .out = out,
+      .num_q_heads = shape.num_q_heads,
+      .num_kv_heads = shape.num_kv_heads,
+      .group = shape.group_size(),
+      .scale_log2 = shape.softmax_scale * std::numbers::log2e_v<float>,
+  };
+  dispatch_prefill_kernel(kv.dtype, shape.head_dim, [&]<typename T, int kHeadDim>() {
+    using C = PrefillTiledConfig<kHeadDim>;
+    allow_shared_memory<T, kHeadDim>();
+    prefill_tiled_kernel<T, kHeadDim><<<unsigned(num_ctas), C::kThreads, C::kSmemBytes, stream>>>(params);
+    check_cuda(cudaGetLastError(), "prefill_tiled_kernel launch");
+  });
+}
+
+}  // namespace pagoda::cuda
