@@ -1,5 +1,6 @@
-// The engine on the real default model: greedy output equals Hugging Face's, batching and
-// preemption do not change any request's tokens, and bad requests are refused cleanly.
+// The engine on the real default model: greedy output equals Hugging Face's, batching,
+// preemption and prefix-cache hits do not change any request's tokens, and bad requests are
+// refused cleanly.
 #include "pagoda/engine/engine.h"
 
 #include <gtest/gtest.h>
@@ -42,6 +43,17 @@ class EngineTest : public ::testing::Test {
     backend_.reset();
     tokenizer_.reset();
     checkpoint_.reset();
+  }
+
+  static std::vector<int32_t> concat(std::vector<int32_t> a, const std::vector<int32_t>& b) {
+    a.insert(a.end(), b.begin(), b.end());
+    return a;
+  }
+
+  // Every block is free or held by the prefix cache alone: no request holds any.
+  static void expect_only_cached_blocks_remain(const Engine& engine) {
+    EXPECT_EQ(engine.num_free_blocks() + engine.num_cached_blocks(), engine.num_kv_blocks());
+    EXPECT_EQ(engine.num_evictable_blocks(), engine.num_cached_blocks());
   }
 
   static SamplingParams greedy(int32_t max_tokens) {
@@ -93,16 +105,104 @@ TEST_F(EngineTest, BatchedDecodeEqualsDecodingAlone) {
 }
 
 // Chunked prefill (a small step budget) and preemption (a KV cache too small for all four
-// sequences) recompute KV but must not change any output.
+// sequences) recompute KV but must not change any output, with the prefix cache off or on.
 TEST_F(EngineTest, ChunkedPrefillAndPreemptionKeepOutputs) {
   std::vector<Request> requests;
   for (size_t i = 0; i < 4; ++i) requests.push_back({.prompt = golden_[i].ids, .params = greedy(40)});
-  Engine roomy(*model_, *tokenizer_, {.num_kv_blocks = 64, .max_batch = 4});
-  const auto expected = run_all(roomy, requests);
-  Engine tight(*model_, *tokenizer_, {.num_kv_blocks = 10, .max_batch = 4, .max_step_tokens = 7});
-  EXPECT_EQ(run_all(tight, requests), expected);
-  EXPECT_GT(tight.stats().preemptions, 0);
-  EXPECT_EQ(tight.num_free_blocks(), 10);
+  std::vector<std::vector<int32_t>> expected;
+  {
+    Engine roomy(*model_, *tokenizer_, {.num_kv_blocks = 64, .max_batch = 4, .prefix_caching = false});
+    expected = run_all(roomy, requests);
+  }
+  for (const bool caching : {false, true}) {
+    SCOPED_TRACE(caching ? "prefix caching on" : "prefix caching off");
+    Engine tight(*model_, *tokenizer_,
+                 {.num_kv_blocks = 10, .max_batch = 4, .max_step_tokens = 7, .prefix_caching = caching});
+    EXPECT_EQ(run_all(tight, requests), expected);
+    EXPECT_GT(tight.stats().preemptions, 0);
+    expect_only_cached_blocks_remain(tight);
+    if (!caching) EXPECT_EQ(tight.num_cached_blocks(), 0);
+  }
+}
+
+// A prompt computed once is served from the prefix cache the next time, alone, extended or
+// cut to whole blocks, and the greedy output is the one computed without the cache.
+TEST_F(EngineTest, PrefixCacheHitKeepsGreedyOutput) {
+  const std::vector<int32_t> a = concat(golden_[1].ids, golden_[2].ids);  // 78 tokens: 4 full blocks
+  const std::vector<int32_t> a_longer = concat(a, golden_[3].ids);
+  ASSERT_EQ(a.size(), 78u);
+  const Request request_a{.prompt = a, .params = greedy(12)};
+  const Request request_longer{.prompt = a_longer, .params = greedy(12)};
+  // Entirely cached: its last block is computed again anyway, for the logits of its last token.
+  const Request request_aligned{.prompt = std::vector<int32_t>(a.begin(), a.begin() + 64), .params = greedy(12)};
+  std::vector<int32_t> expected_a, expected_longer, expected_aligned;
+  {
+    Engine uncached(*model_, *tokenizer_, {.num_kv_blocks = 64, .prefix_caching = false});
+    expected_a = run_all(uncached, {request_a})[0];
+    expected_longer = run_all(uncached, {request_longer})[0];
+    expected_aligned = run_all(uncached, {request_aligned})[0];
+    EXPECT_EQ(uncached.num_cached_blocks(), 0);
+    EXPECT_EQ(uncached.stats().prefix_hit_tokens, 0);
+  }
+  Engine engine(*model_, *tokenizer_, {.num_kv_blocks = 64});
+  EXPECT_EQ(run_all(engine, {request_a})[0], expected_a);
+  EXPECT_EQ(engine.stats().prefix_hit_tokens, 0);
+  // 78 prompt + 11 generated tokens computed (the 12th is sampled, never fed back): 5 blocks.
+  EXPECT_EQ(engine.num_cached_blocks(), 5);
+
+  const auto again = run_all(engine, {request_a, request_longer});
+  EXPECT_EQ(again[0], expected_a);
+  EXPECT_EQ(again[1], expected_longer);
+  // Each finds a's first 4 blocks (64 tokens); the 5th block of the first run holds generated
+  // tokens that neither prompt has there.
+  EXPECT_EQ(engine.stats().prefix_hit_tokens, 2 * 64);
+  EXPECT_EQ(engine.stats().prompt_tokens, int64_t(a.size() + (a.size() - 64) + (a_longer.size() - 64)));
+
+  EXPECT_EQ(run_all(engine, {request_aligned})[0], expected_aligned);
+  EXPECT_EQ(engine.stats().prefix_hit_tokens, 2 * 64 + 48);
+  expect_only_cached_blocks_remain(engine);
+}
+
+// Requests in flight together share the blocks of their common prompt prefix: the first one's
+// computed blocks serve the others as they are admitted.
+TEST_F(EngineTest, ConcurrentRequestsShareAPrefix) {
+  std::vector<int32_t> shared = concat(golden_[1].ids, golden_[2].ids);
+  shared.resize(48);  // 3 blocks
+  std::vector<Request> requests;
+  for (size_t k = 0; k < 4; ++k) {
+    const auto suffix = golden_[3].ids.begin() + ptrdiff_t(4 * k);
+    requests.push_back({.prompt = concat(shared, std::vector<int32_t>(suffix, suffix + 20)), .params = greedy(10)});
+  }
+  std::vector<std::vector<int32_t>> expected;
+  {
+    Engine uncached(*model_, *tokenizer_, {.num_kv_blocks = 64, .max_batch = 4, .prefix_caching = false});
+    expected = run_all(uncached, requests);
+  }
+  // A 64-token budget: step 1 computes 64 of the first request's 68 prompt tokens; step 2 its
+  // last 4 and admits the other three, each finding the 3 shared blocks in the cache.
+  Engine engine(*model_, *tokenizer_, {.num_kv_blocks = 64, .max_batch = 4, .max_step_tokens = 64});
+  EXPECT_EQ(run_all(engine, requests), expected);
+  EXPECT_EQ(engine.stats().prefix_hit_tokens, 3 * 48);
+  expect_only_cached_blocks_remain(engine);
+}
+
+// More requests than the pool could hold at once, with a few cached prefixes among them: cached
+// blocks are evicted to make room (else admission would stall), every request finishes with
+// the output it has alone, and no request's block is left behind.
+TEST_F(EngineTest, EvictionUnderATinyPoolKeepsOutputs) {
+  std::vector<Request> requests;
+  for (size_t i = 0; i < 4; ++i) requests.push_back({.prompt = golden_[i].ids, .params = greedy(16)});
+  requests.push_back({.prompt = concat(golden_[1].ids, golden_[0].ids), .params = greedy(16)});
+  requests.push_back({.prompt = concat(golden_[2].ids, golden_[3].ids), .params = greedy(16)});
+  std::vector<std::vector<int32_t>> expected;
+  {
+    Engine uncached(*model_, *tokenizer_, {.num_kv_blocks = 64, .max_batch = 2, .prefix_caching = false});
+    expected = run_all(uncached, requests);
+  }
+  Engine tiny(*model_, *tokenizer_, {.num_kv_blocks = 8, .max_batch = 2});
+  EXPECT_EQ(run_all(tiny, requests), expected);
+  EXPECT_GT(tiny.num_cached_blocks(), 0);
+  expect_only_cached_blocks_remain(tiny);
 }
 
 TEST_F(EngineTest, SeededSamplingIsReproducibleAcrossBatching) {
@@ -149,7 +249,7 @@ TEST_F(EngineTest, StopStringCutsTheText) {
 }
 
 TEST_F(EngineTest, CancelFreesBlocksAndReports) {
-  Engine engine(*model_, *tokenizer_, {.num_kv_blocks = 64});
+  Engine engine(*model_, *tokenizer_, {.num_kv_blocks = 64, .prefix_caching = false});
   const RequestId id = engine.submit({.prompt = golden_[0].ids, .params = greedy(100)});
   engine.step();
   EXPECT_LT(engine.num_free_blocks(), 64);
@@ -159,6 +259,28 @@ TEST_F(EngineTest, CancelFreesBlocksAndReports) {
   ASSERT_EQ(events.size(), 1u);
   EXPECT_EQ(events[0].finish, FinishReason::kCancelled);
   EXPECT_FALSE(engine.has_work());
+}
+
+// With the prefix cache on, a cancelled request's blocks go back too, except the full blocks
+// it computed, which stay cached (held by nothing else) and serve the next request.
+TEST_F(EngineTest, CancelWithPrefixCachingLeavesOnlyCachedBlocks) {
+  const std::vector<int32_t> prompt = concat(golden_[1].ids, golden_[2].ids);  // 78 tokens
+  Engine engine(*model_, *tokenizer_, {.num_kv_blocks = 64});
+  const RequestId id = engine.submit({.prompt = prompt, .params = greedy(100)});
+  engine.step();  // the prompt
+  engine.step();  // one decode step: 79 tokens computed, still 4 full blocks
+  EXPECT_EQ(engine.num_kv_blocks() - engine.num_free_blocks() - engine.num_evictable_blocks(), 5)
+      << "the request holds 4 full blocks and its partial fifth";
+  engine.cancel(id);
+  EXPECT_EQ(engine.num_cached_blocks(), 4);
+  expect_only_cached_blocks_remain(engine);
+  const auto events = engine.step();
+  ASSERT_EQ(events.size(), 1u);
+  EXPECT_EQ(events[0].finish, FinishReason::kCancelled);
+
+  run_all(engine, {{.prompt = prompt, .params = greedy(2)}});
+  EXPECT_EQ(engine.stats().prefix_hit_tokens, 64);
+  expect_only_cached_blocks_remain(engine);
 }
 
 TEST_F(EngineTest, RejectsBadRequests) {
@@ -209,7 +331,7 @@ TEST_F(EngineTest, KvExhaustionEndsTheRequest) {
   const auto out = run_all(engine, {{.prompt = golden_[0].ids, .params = greedy(100)}});
   // 32 tokens fill both blocks; the 33rd was sampled but has no room for its K/V.
   EXPECT_EQ(int(golden_[0].ids.size() + out[0].size()), 33);
-  EXPECT_EQ(engine.num_free_blocks(), 2);
+  expect_only_cached_blocks_remain(engine);
 }
 
 }  // namespace

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <limits>
+#include <span>
 #include <utility>
 
 #include "pagoda/core/error.h"
@@ -34,6 +35,8 @@ struct Engine::Sequence {
   int32_t num_prompt;
   int32_t num_computed = 0;     // leading tokens whose K/V are in the cache
   kv::BlockTable table;         // covers num_computed tokens (more while a step is in flight)
+  int32_t num_blocks_cached = 0;  // leading blocks of table already in the prefix cache
+  bool admitted_before = false;   // its prefix-cache hit has been counted
   Sampler sampler;
   IncrementalDecoder decoder;
   StopMatcher stop;
@@ -66,7 +69,8 @@ Engine::Engine(Model& model, const Tokenizer& tokenizer, const EngineOptions& op
       tokenizer_(tokenizer),
       options_(checked(options)),
       pool_(options.num_kv_blocks > 0 ? options.num_kv_blocks : default_num_blocks(model.config(), options),
-            options.block_size) {
+            options.block_size),
+      cache_(pool_) {
   model_.allocate_kv_cache(pool_.num_blocks(), options.block_size);
   model_stop_ids_ = tokenizer.stop_ids();
 }
@@ -104,15 +108,56 @@ void Engine::cancel(RequestId id) {
   cancelled_.push_back(id);
 }
 
+// A waiting sequence (no KV yet) starts from the longest cached prefix of its tokens. The last
+// token is never taken from the cache: computing it is what produces the logits to sample from.
+// So the sequence's own blocks start at a block boundary, after the cached ones, and nothing is
+// ever written into a cached block.
+void Engine::reuse_cached_prefix(Sequence& seq) {
+  if (!options_.prefix_caching) return;
+  const std::vector<kv::BlockId> cached = cache_.match(std::span(seq.tokens).first(seq.tokens.size() - 1));
+  for (kv::BlockId id : cached) pool_.retain(id);
+  seq.table = {.block_ids = cached, .length = int32_t(cached.size()) * options_.block_size};
+  seq.num_computed = seq.table.length;
+  seq.num_blocks_cached = int32_t(cached.size());
+}
+
+// Back to holding no KV (cached blocks it used stay cached).
+void Engine::forget_kv(Sequence& seq) {
+  kv::release(seq.table, pool_);
+  seq.num_computed = 0;
+  seq.num_blocks_cached = 0;
+}
+
 bool Engine::grow(Sequence& seq, int32_t tokens) {
-  if (kv::blocks_needed(seq.table, tokens, pool_) > pool_.num_free()) return false;
+  const int32_t needed = kv::blocks_needed(seq.table, tokens, pool_);
+  // Cached blocks that no sequence holds are as good as free: evict before giving up.
+  if (needed > pool_.num_free()) cache_.evict(needed - pool_.num_free());
+  if (needed > pool_.num_free()) return false;
   if (auto copy = kv::append_tokens(seq.table, tokens, pool_)) model_.backend().copy_kv_block(copy->src, copy->dst);
   return true;
 }
 
+// Puts the sequence's newly computed full blocks into the prefix cache. Where another sequence
+// computed the same tokens first, the sequence switches to the cached block and frees its copy,
+// so that it holds every cached block of its path (which keeps evictable blocks truly unheld).
+void Engine::cache_full_blocks(Sequence& seq) {
+  if (!options_.prefix_caching) return;
+  const int32_t full = seq.num_computed / options_.block_size;
+  if (full <= seq.num_blocks_cached) return;
+  const std::vector<kv::BlockId> cached =
+      cache_.insert(std::span(seq.tokens).first(size_t(full) * size_t(options_.block_size)), seq.table.block_ids);
+  for (size_t i = 0; i < cached.size(); ++i) {
+    kv::BlockId& own = seq.table.block_ids[i];
+    if (own == cached[i]) continue;
+    pool_.retain(cached[i]);
+    pool_.release(own);
+    own = cached[i];
+  }
+  seq.num_blocks_cached = full;
+}
+
 void Engine::preempt(Sequence& victim) {
-  kv::release(victim.table, pool_);
-  victim.num_computed = 0;
+  forget_kv(victim);
   auto it = std::find_if(running_.begin(), running_.end(), [&](const auto& s) { return s.get() == &victim; });
   waiting_.push_front(std::move(*it));
   running_.erase(it);
@@ -161,9 +206,15 @@ std::vector<Engine::ScheduledChunk> Engine::schedule() {
   }
   while (budget > 0 && !waiting_.empty() && int32_t(running_.size()) < options_.max_batch) {
     Sequence& seq = *waiting_.front();
+    reuse_cached_prefix(seq);
     const int32_t n = std::min(seq.pending(), budget);
-    if (!grow(seq, n)) break;
-    chunks.push_back({&seq, 0, n});
+    if (!grow(seq, n)) {
+      forget_kv(seq);
+      break;
+    }
+    if (!seq.admitted_before) stats_.prefix_hit_tokens += std::min(seq.num_computed, seq.num_prompt);
+    seq.admitted_before = true;
+    chunks.push_back({&seq, seq.num_computed, n});
     budget -= n;
     running_.push_back(std::move(waiting_.front()));
     waiting_.pop_front();
@@ -250,6 +301,7 @@ std::vector<TokenEvent> Engine::step() {
   for (size_t i = 0; i < scheduled.size(); ++i) {
     Sequence& seq = *scheduled[i].seq;
     seq.num_computed += scheduled[i].count;
+    cache_full_blocks(seq);
     if (!chunks[i].want_logits) continue;
     std::copy_n(logits.begin() + ptrdiff_t(logit_row * vocab), vocab, row.begin());
     ++logit_row;

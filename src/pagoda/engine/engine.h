@@ -6,6 +6,13 @@
 // sequence its next block, the most recently admitted sequence is preempted: its blocks are
 // freed and it goes back to the front of the queue with its generated tokens, to be recomputed
 // later (its sampler state is kept, so its output is unchanged).
+//
+// With prefix caching on, every full block a sequence computes goes into a radix-tree prefix
+// cache (kv/prefix_cache.h) and stays there after the sequence ends. A newly admitted (or
+// recomputed) sequence starts from the longest cached prefix of its tokens, in whole blocks, and
+// computes only the rest. Cached blocks no sequence holds are freed, least recently used first,
+// whenever the pool runs short (admission, growth, copy on write) and before anything is
+// preempted, so they count as free for admission.
 #pragma once
 
 #include <deque>
@@ -17,6 +24,7 @@
 #include "pagoda/engine/stop_matcher.h"
 #include "pagoda/kv/block_pool.h"
 #include "pagoda/kv/block_table.h"
+#include "pagoda/kv/prefix_cache.h"
 #include "pagoda/model/model.h"
 #include "pagoda/tokenizer/tokenizer.h"
 
@@ -28,13 +36,18 @@ struct EngineOptions {
   size_t kv_memory_bytes = size_t(1) << 30;
   int32_t max_batch = 16;          // sequences in flight
   int32_t max_step_tokens = 512;   // tokens per forward pass (decode tokens + prefill chunks)
+  bool prefix_caching = true;      // reuse the KV of cached prompt prefixes (whole blocks)
 };
 
 struct EngineStats {
-  int64_t prompt_tokens = 0;
+  int64_t prompt_tokens = 0;      // prompt tokens computed (recomputes after preemption included)
   int64_t generated_tokens = 0;
   int64_t steps = 0;
   int64_t preemptions = 0;
+  // Prompt tokens whose KV came from the prefix cache when their request was first admitted
+  // (the recompute of a preempted request is not counted again), so that the hit rate is
+  // prefix_hit_tokens / prompt tokens submitted, at most 1.
+  int64_t prefix_hit_tokens = 0;
 };
 
 class Engine {
@@ -58,8 +71,12 @@ class Engine {
 
   int32_t num_running() const { return int32_t(running_.size()); }
   int32_t num_waiting() const { return int32_t(waiting_.size()); }
-  int32_t num_free_blocks() const { return pool_.num_free(); }
+  int32_t num_free_blocks() const { return pool_.num_free(); }  // free in the pool (cached blocks are not)
   int32_t num_kv_blocks() const { return pool_.num_blocks(); }
+  int32_t num_cached_blocks() const { return cache_.num_cached_blocks(); }
+  // Cached blocks no request holds: num_kv_blocks() - num_free_blocks() - num_evictable_blocks()
+  // are the blocks requests hold.
+  int32_t num_evictable_blocks() const { return cache_.num_evictable_blocks(); }
   const EngineStats& stats() const { return stats_; }
 
  private:
@@ -71,7 +88,10 @@ class Engine {
   };
 
   std::vector<ScheduledChunk> schedule();
+  void reuse_cached_prefix(Sequence& seq);
+  void forget_kv(Sequence& seq);
   bool grow(Sequence& seq, int32_t tokens);
+  void cache_full_blocks(Sequence& seq);
   void preempt(Sequence& victim);
   void finish(Sequence& seq, FinishReason reason, std::vector<TokenEvent>& events);
   TokenEvent accept_token(Sequence& seq, const SampledToken& sampled);
@@ -80,6 +100,7 @@ class Engine {
   const Tokenizer& tokenizer_;
   EngineOptions options_;
   kv::BlockPool pool_;
+  kv::PrefixCache cache_;  // after pool_: it releases its blocks into the pool when destroyed
   RequestId next_id_ = 1;
   std::deque<std::unique_ptr<Sequence>> waiting_;
   std::vector<std::unique_ptr<Sequence>> running_;  // in admission order

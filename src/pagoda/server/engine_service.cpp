@@ -155,10 +155,15 @@ void EngineService::publish_gauges() {
   const EngineStats& stats = engine_.stats();
   metrics_.count_tokens(stats.prompt_tokens - reported_stats_.prompt_tokens,
                         stats.generated_tokens - reported_stats_.generated_tokens);
+  metrics_.count_prefix_cache_hit_tokens(stats.prefix_hit_tokens - reported_stats_.prefix_hit_tokens);
   reported_stats_ = stats;
+  // Blocks only the prefix cache holds are reusable at once, not in use: "used" stays "held by
+  // requests", so it is 0 when the server is idle, whatever the cache keeps.
   metrics_.set_gauges({.queue_length = engine_.num_waiting(),
                        .running_requests = engine_.num_running(),
-                       .kv_blocks_used = engine_.num_kv_blocks() - engine_.num_free_blocks(),
+                       .kv_blocks_used = engine_.num_kv_blocks() - engine_.num_free_blocks() -
+                                         engine_.num_evictable_blocks(),
+                       .kv_blocks_cached = engine_.num_cached_blocks(),
                        .kv_blocks_total = engine_.num_kv_blocks()});
 }
 

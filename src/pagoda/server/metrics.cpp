@@ -49,6 +49,11 @@ void Metrics::count_tokens(int64_t prompt_tokens, int64_t generated_tokens) {
   generated_tokens_ += generated_tokens;
 }
 
+void Metrics::count_prefix_cache_hit_tokens(int64_t tokens) {
+  std::lock_guard lock(mutex_);
+  prefix_cache_hit_tokens_ += tokens;
+}
+
 void Metrics::observe_time_to_first_token(double seconds) {
   std::lock_guard lock(mutex_);
   time_to_first_token_.observe(seconds);
@@ -85,6 +90,9 @@ std::string Metrics::render() const {
   counter("pagoda_prompt_tokens_total", "prompt tokens prefilled (recomputed tokens of preempted requests included)",
           prompt_tokens_);
   counter("pagoda_generation_tokens_total", "tokens generated", generated_tokens_);
+  counter("pagoda_prefix_cache_hit_tokens_total",
+          "prompt tokens served from the prefix cache at admission (hit rate: this over prompt tokens submitted)",
+          prefix_cache_hit_tokens_);
   counter("pagoda_client_disconnects_total", "requests cancelled because their client went away",
           client_disconnects_);
   time_to_first_token_.render("pagoda_time_to_first_token_seconds", "time from request to its first token", out);
@@ -93,6 +101,8 @@ std::string Metrics::render() const {
   gauge("pagoda_queue_length", "requests waiting for admission", gauges_.queue_length);
   gauge("pagoda_running_requests", "requests in the running batch", gauges_.running_requests);
   gauge("pagoda_kv_blocks_used", "KV cache blocks held by requests", gauges_.kv_blocks_used);
+  gauge("pagoda_kv_blocks_cached", "KV cache blocks in the prefix cache (held by requests or not)",
+        gauges_.kv_blocks_cached);
   gauge("pagoda_kv_blocks_total", "KV cache blocks in the pool", gauges_.kv_blocks_total);
   return out;
 }

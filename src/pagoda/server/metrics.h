@@ -29,7 +29,8 @@ class Histogram {
 struct EngineGauges {
   int32_t queue_length = 0;     // requests waiting for admission
   int32_t running_requests = 0;
-  int32_t kv_blocks_used = 0;
+  int32_t kv_blocks_used = 0;    // held by requests (blocks only the prefix cache holds are not)
+  int32_t kv_blocks_cached = 0;  // in the prefix cache, held by requests or not
   int32_t kv_blocks_total = 0;
 };
 
@@ -40,6 +41,7 @@ class Metrics {
   void count_request(int http_status);
   void count_client_disconnect();
   void count_tokens(int64_t prompt_tokens, int64_t generated_tokens);
+  void count_prefix_cache_hit_tokens(int64_t tokens);
   void observe_time_to_first_token(double seconds);
   void observe_time_per_output_token(double seconds);
   void set_gauges(const EngineGauges& gauges);
@@ -53,6 +55,7 @@ class Metrics {
   int64_t client_disconnects_ = 0;
   int64_t prompt_tokens_ = 0;
   int64_t generated_tokens_ = 0;
+  int64_t prefix_cache_hit_tokens_ = 0;
   Histogram time_to_first_token_;
   Histogram time_per_output_token_;
   EngineGauges gauges_;
