@@ -121,7 +121,9 @@ TEST_F(EngineTest, ChunkedPrefillAndPreemptionKeepOutputs) {
     EXPECT_EQ(run_all(tight, requests), expected);
     EXPECT_GT(tight.stats().preemptions, 0);
     expect_only_cached_blocks_remain(tight);
-    if (!caching) EXPECT_EQ(tight.num_cached_blocks(), 0);
+    if (!caching) {
+      EXPECT_EQ(tight.num_cached_blocks(), 0);
+    }
   }
 }
 

@@ -123,11 +123,12 @@ class Backend {
 
   // Decode-only steps of `rows` sequences whose plan does not split KV are padded to this many
   // rows and run through run_graph; 0: never (the CPU backend).
-  virtual int32_t graph_rows(int32_t rows) const { return 0; }
-  // Runs body, which issues one padded decode step's ops: captured into a graph the first time a
-  // key is seen and replayed after (ops inside must depend on nothing but the StepBatch given to
-  // begin_step and buffers that outlive the graph). The default just runs it.
-  virtual void run_graph(int32_t key, const std::function<void()>& body) { body(); }
+  virtual int32_t graph_rows(int32_t /*rows*/) const { return 0; }
+  // Runs body, which issues one padded decode step's ops. A GPU backend runs it and captures it
+  // the first time a key is seen, and replays the capture after: ops inside must depend on
+  // nothing but the StepBatch given to begin_step and buffers that outlive the graph. The
+  // default just runs it.
+  virtual void run_graph(int32_t /*key*/, const std::function<void()>& body) { body(); }
 
   // Whether sample() is available; when not, the engine samples downloaded logits on the host.
   virtual bool can_sample() const { return false; }

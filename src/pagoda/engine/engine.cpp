@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <limits>
+#include <random>
 #include <span>
 #include <utility>
 
@@ -19,10 +20,26 @@ const char* finish_reason_name(FinishReason reason) {
   return "?";
 }
 
+namespace {
+
+// A request without a seed gets one now, so the host sampler and the backend's draw from the same
+// stream of numbers whichever of them samples a step.
+SamplingParams with_seed(SamplingParams params) {
+  if (!params.seed) params.seed = std::random_device{}();
+  return params;
+}
+
+// Penalties and logprobs exist only in the host sampler.
+bool needs_host_sampler(const SamplingParams& p) {
+  return p.repetition_penalty != 1.f || p.presence_penalty != 0.f || p.frequency_penalty != 0.f || p.logprobs > 0;
+}
+
+}  // namespace
+
 struct Engine::Sequence {
   Sequence(RequestId id, Request request, const Tokenizer& tokenizer)
       : id(id),
-        params(std::move(request.params)),
+        params(with_seed(std::move(request.params))),
         tokens(std::move(request.prompt)),
         num_prompt(int32_t(tokens.size())),
         sampler(params),
@@ -55,8 +72,8 @@ const EngineOptions& checked(const EngineOptions& o) {
   return o;
 }
 
-int32_t default_num_blocks(const ModelConfig& c, const EngineOptions& o) {
-  const size_t block_bytes = size_t(c.num_layers) * 2 * size_t(c.kv_dim()) * size_t(o.block_size) * sizeof(float);
+int32_t default_num_blocks(const ModelConfig& c, const EngineOptions& o, size_t kv_element_bytes) {
+  const size_t block_bytes = size_t(c.num_layers) * 2 * size_t(c.kv_dim()) * size_t(o.block_size) * kv_element_bytes;
   const int64_t for_batch = int64_t(o.max_batch) * ((c.max_context + o.block_size - 1) / o.block_size);
   const int64_t for_memory = int64_t(o.kv_memory_bytes / block_bytes);
   return int32_t(std::max<int64_t>(1, std::min(for_batch, for_memory)));
@@ -68,10 +85,15 @@ Engine::Engine(Model& model, const Tokenizer& tokenizer, const EngineOptions& op
     : model_(model),
       tokenizer_(tokenizer),
       options_(checked(options)),
-      pool_(options.num_kv_blocks > 0 ? options.num_kv_blocks : default_num_blocks(model.config(), options),
+      pool_(options.num_kv_blocks > 0
+                ? options.num_kv_blocks
+                : default_num_blocks(model.config(), options, dtype_size(model.backend().activation_dtype())),
             options.block_size),
       cache_(pool_) {
   model_.allocate_kv_cache(pool_.num_blocks(), options.block_size);
+  // Every activation buffer at its largest now: a decode step replayed as a graph keeps using it.
+  const int32_t graph_rows = model_.backend().graph_rows(std::min(options_.max_batch, options_.max_step_tokens));
+  model_.reserve(std::max(options_.max_step_tokens, graph_rows), std::max(options_.max_batch, graph_rows));
   model_stop_ids_ = tokenizer.stop_ids();
 }
 
@@ -282,9 +304,28 @@ std::vector<TokenEvent> Engine::step() {
                       .want_logits = s.start + s.count == int32_t(seq.tokens.size())});
     if (seq.num_computed < seq.num_prompt) stats_.prompt_tokens += std::min(s.count, seq.num_prompt - seq.num_computed);
   }
+  // Sampling runs on the backend when it can and no request of the step needs the host sampler;
+  // otherwise on the host, from downloaded logits. Either way a request draws the same numbers:
+  // its own seed, one draw per generated token.
+  bool on_backend = model_.backend().can_sample();
+  std::vector<SamplingRow> rows;
+  for (size_t i = 0; i < scheduled.size(); ++i) {
+    if (!chunks[i].want_logits) continue;
+    const Sequence& seq = *scheduled[i].seq;
+    const SamplingParams& p = seq.params;
+    on_backend = on_backend && !needs_host_sampler(p);
+    rows.push_back({.temperature = p.temperature < kGreedyBelowTemperature ? 0.f : p.temperature, .top_k = p.top_k,
+                    .top_p = p.top_p, .min_p = p.min_p, .seed = *p.seed, .offset = uint64_t(seq.generated())});
+  }
   std::span<const float> logits;
+  std::vector<int32_t> sampled_tokens;
   try {
-    logits = model_.forward(chunks);
+    model_.run(chunks);
+    if (on_backend) {
+      sampled_tokens = model_.sample(rows, tokenizer_.vocab_size());
+    } else {
+      logits = model_.download_logits();
+    }
   } catch (...) {
     // Leave the engine as if the step never ran: the scheduled sequences give their blocks back
     // and wait to be recomputed, and the events already made are reported by the next step.
@@ -295,7 +336,7 @@ std::vector<TokenEvent> Engine::step() {
   ++stats_.steps;
 
   const size_t vocab = size_t(model_.config().vocab_size);
-  std::vector<float> row(vocab);
+  std::vector<float> row(on_backend ? 0 : vocab);
   size_t logit_row = 0;
   std::vector<Sequence*> finished;
   for (size_t i = 0; i < scheduled.size(); ++i) {
@@ -303,13 +344,18 @@ std::vector<TokenEvent> Engine::step() {
     seq.num_computed += scheduled[i].count;
     cache_full_blocks(seq);
     if (!chunks[i].want_logits) continue;
-    std::copy_n(logits.begin() + ptrdiff_t(logit_row * vocab), vocab, row.begin());
+    SampledToken sampled;
+    if (on_backend) {
+      sampled.token = sampled_tokens[logit_row];
+    } else {
+      std::copy_n(logits.begin() + ptrdiff_t(logit_row * vocab), vocab, row.begin());
+      // Rows past the tokenizer's vocabulary (padding, e.g. Qwen2.5's 151936 vs 151665) have no
+      // text: never sample them.
+      std::fill(row.begin() + std::min<ptrdiff_t>(tokenizer_.vocab_size(), ptrdiff_t(vocab)), row.end(),
+                -std::numeric_limits<float>::infinity());
+      sampled = seq.sampler.sample(row, seq.tokens, size_t(seq.num_prompt));
+    }
     ++logit_row;
-    // Rows past the tokenizer's vocabulary (padding, e.g. Qwen2.5's 151936 vs 151665) have no
-    // text: never sample them.
-    std::fill(row.begin() + std::min<ptrdiff_t>(tokenizer_.vocab_size(), ptrdiff_t(vocab)), row.end(),
-              -std::numeric_limits<float>::infinity());
-    const SampledToken sampled = seq.sampler.sample(row, seq.tokens, size_t(seq.num_prompt));
     events.push_back(accept_token(seq, sampled));
     if (events.back().finish != FinishReason::kNone) finished.push_back(&seq);
   }
