@@ -4,9 +4,14 @@
 
 #include <filesystem>
 
+#include "pagoda/backend/cpu/cpu_backend.h"
 #include "pagoda/core/error.h"
 #include "pagoda/core/default_model.h"
 #include "pagoda/format/gguf.h"
+#ifdef PAGODA_HAVE_CUDA
+#include "pagoda/backend/cuda/check.h"
+#include "pagoda/backend/cuda/cuda_backend.h"
+#endif
 
 namespace pagoda::cli {
 namespace {
@@ -28,9 +33,28 @@ DType parse_weight_dtype(const std::string& name) {
 
 }  // namespace
 
+std::unique_ptr<Backend> make_backend(const std::string& name, DType weight_dtype) {
+  if (name != "auto" && name != "cpu" && name != "cuda")
+    fail(ErrorKind::kInvalidArgument, "--backend must be auto, cpu or cuda, not '{}'", name);
+#ifdef PAGODA_HAVE_CUDA
+  if (name == "cuda" || (name == "auto" && cuda::device_available())) {
+    if (weight_dtype == DType::kF32) {
+      if (name == "cuda") fail(ErrorKind::kInvalidArgument, "the CUDA backend runs f16 or bf16 weights, not f32");
+      return std::make_unique<CpuBackend>();
+    }
+    return std::make_unique<CudaBackend>(weight_dtype);
+  }
+#else
+  if (name == "cuda") fail(ErrorKind::kUnsupported, "--backend cuda: this pagoda was built without CUDA");
+#endif
+  return std::make_unique<CpuBackend>();
+}
+
 void add_model_flags(CLI::App& app, ModelFlags& flags) {
   app.add_option("-m,--model", flags.path, "GGUF file or Hugging Face folder (default: SmolLM2-135M-Instruct)");
-  app.add_option("--weight-dtype", flags.weight_dtype, "storage of quantized weights: f16 (default), bf16 or f32");
+  app.add_option("--backend", flags.backend, "cpu, cuda, or auto (default: cuda when a GPU is present)");
+  app.add_option("--weight-dtype", flags.weight_dtype,
+                 "storage of quantized weights: f16 (default), bf16 or f32; on the GPU, of every weight and activation");
   app.add_option("-t,--threads", flags.threads, "CPU threads (default: all cores)");
   app.add_option("--kv-memory-mb", flags.kv_memory_mb, "memory for the KV cache in MiB (default 1024)");
   app.add_option("--max-batch", flags.max_batch, "sequences in flight (default 16)");
@@ -73,7 +97,9 @@ Session::Session(const ModelFlags& flags)
   if (flags.max_batch < 1 || flags.max_batch > 4096) fail(ErrorKind::kInvalidArgument, "--max-batch must be in [1, 4096]");
   if (flags.step_tokens < 1 || flags.step_tokens > 65536)
     fail(ErrorKind::kInvalidArgument, "--step-tokens must be in [1, 65536]");
-  model = std::make_unique<Model>(checkpoint, backend, LoadOptions{.weight_dtype = parse_weight_dtype(flags.weight_dtype)});
+  const DType weight_dtype = parse_weight_dtype(flags.weight_dtype);
+  backend = make_backend(flags.backend, weight_dtype);
+  model = std::make_unique<Model>(checkpoint, *backend, LoadOptions{.weight_dtype = weight_dtype});
   engine_options = EngineOptions{.kv_memory_bytes = size_t(flags.kv_memory_mb) << 20,
                                  .max_batch = flags.max_batch,
                                  .max_step_tokens = flags.step_tokens};

@@ -7,7 +7,7 @@
 #include <memory>
 #include <string>
 
-#include "pagoda/backend/cpu/cpu_backend.h"
+#include "pagoda/backend/backend.h"
 #include "pagoda/engine/engine.h"
 #include "pagoda/engine/sampling_params.h"
 #include "pagoda/model/checkpoint.h"
@@ -19,6 +19,7 @@ namespace pagoda::cli {
 
 struct ModelFlags {
   std::string path;  // empty: the default model
+  std::string backend = "auto";  // cpu, cuda, or auto: cuda when built with it and a GPU is present
   std::string weight_dtype = "f16";
   int threads = 0;   // 0: all cores
   int kv_memory_mb = 1024;
@@ -33,12 +34,15 @@ void add_sampling_flags(CLI::App& app, SamplingParams& params);
 
 // The chat format named by --chat-template, else the one the model's template implements; throws
 // Error(kUnsupported) when the model's template is not one pagoda recognises.
+// The backend --backend names; weight_dtype is the GPU backend's activation type.
+std::unique_ptr<Backend> make_backend(const std::string& name, DType weight_dtype);
+
 ChatTemplate choose_chat_template(const std::string& name, const Tokenizer& tokenizer);
 
 struct Session {
   explicit Session(const ModelFlags& flags);
 
-  CpuBackend backend;
+  std::unique_ptr<Backend> backend;
   Checkpoint checkpoint;
   Tokenizer tokenizer;
   std::unique_ptr<Model> model;

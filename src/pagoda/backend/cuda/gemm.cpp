@@ -1,6 +1,9 @@
 #include "pagoda/backend/cuda/gemm.h"
 
+#include <algorithm>
+#include <cmath>
 #include <memory>
+#include <vector>
 
 #include "pagoda/backend/cuda/check.h"
 #include "pagoda/core/error.h"
@@ -9,6 +12,10 @@ namespace pagoda::cuda {
 namespace {
 
 constexpr size_t kWorkspaceBytes = size_t(32) << 20;
+constexpr int64_t kTunedRows = 256;    // decode batches: the m whose algorithm is timed
+constexpr int kCandidates = 8;         // heuristic picks timed
+constexpr int kTimedRuns = 3;          // per candidate; the median counts
+constexpr size_t kL2FlushBytes = size_t(256) << 20;  // several times any GPU's L2
 // The alignment promised to the heuristic for every operand (its default assumes 256 bytes, which
 // a weight sliced out of a larger buffer need not have); run() checks it.
 constexpr uint32_t kAlignmentBytes = 16;
@@ -42,6 +49,7 @@ Gemm::Gemm() {
 
 Gemm::~Gemm() {
   plans_.clear();
+  cudaFree(l2_flush_);
   cudaFree(workspace_);
   cublasLtDestroy(handle_);
 }
@@ -58,7 +66,8 @@ Gemm::Plan::~Plan() {
 // out^T [n, m] = w [n, k] (column-major [k, n], transposed) @ x^T [k, m]: the "TN" GEMM, the case
 // cuBLASLt's kernels serve best, and the bias (one per row of the column-major output) is the
 // per-output-feature bias.
-Gemm::Plan& Gemm::plan_for(const Shape& shape) {
+Gemm::Plan& Gemm::plan_for(const Shape& shape, const void* x, const void* w, const void* bias, void* out,
+                           cudaStream_t stream) {
   if (auto found = plans_.find(shape); found != plans_.end()) return *found->second;
   // Built aside and cached only once complete: a failure leaves nothing half-made in the map.
   auto made = std::make_unique<Plan>();
@@ -94,18 +103,62 @@ Gemm::Plan& Gemm::plan_for(const Shape& shape) {
     check_cublas(cublasLtMatmulPreferenceSetAttribute(preference.get(), attribute, &kAlignmentBytes, sizeof(kAlignmentBytes)),
                  "cublasLtMatmulPreferenceSetAttribute");
   }
-  cublasLtMatmulHeuristicResult_t result{};
+  std::vector<cublasLtMatmulHeuristicResult_t> results(kCandidates);
   int found = 0;
   const cublasStatus_t status =
       cublasLtMatmulAlgoGetHeuristic(handle_, plan.desc, plan.w_layout, plan.x_layout, plan.out_layout,
-                                     plan.out_layout, preference.get(), 1, &result, &found);
+                                     plan.out_layout, preference.get(), kCandidates, results.data(), &found);
   if (status != CUBLAS_STATUS_SUCCESS || found == 0) {
     fail(ErrorKind::kUnsupported, "gemm: cuBLASLt has no algorithm for m={} n={} k={} {} -> {}{} ({})", shape.m,
          shape.n, shape.k, dtype_name(shape.dtype), dtype_name(shape.out_dtype), shape.bias ? " with bias" : "",
          cublasLtGetStatusString(status));
   }
-  plan.algo = result.algo;
+  results.resize(size_t(found));
+  plan.algo = results[0].algo;
+  cudaStreamCaptureStatus capturing = cudaStreamCaptureStatusNone;
+  check_cuda(cudaStreamIsCapturing(stream, &capturing), "cudaStreamIsCapturing");
+  if (shape.m <= kTunedRows && found > 1 && capturing == cudaStreamCaptureStatusNone) {
+    if (bias) set_desc(plan.desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, bias);
+    plan.algo = fastest(plan, results, x, w, out, stream);
+  }
   return *plans_.emplace(shape, std::move(made)).first->second;
+}
+
+cublasLtMatmulAlgo_t Gemm::fastest(Plan& plan, const std::vector<cublasLtMatmulHeuristicResult_t>& candidates,
+                                   const void* x, const void* w, void* out, cudaStream_t stream) {
+  if (!l2_flush_) check_cuda(cudaMalloc(&l2_flush_, kL2FlushBytes), "cudaMalloc (gemm L2 flush)");
+  cudaEvent_t start = nullptr, stop = nullptr;
+  check_cuda(cudaEventCreate(&start), "cudaEventCreate");
+  check_cuda(cudaEventCreate(&stop), "cudaEventCreate");
+  const float alpha = 1.f, beta = 0.f;
+  float best_ms = INFINITY;
+  cublasLtMatmulAlgo_t best = candidates[0].algo;
+  for (const cublasLtMatmulHeuristicResult_t& candidate : candidates) {
+    std::vector<float> times;
+    for (int run = 0; run < kTimedRuns; ++run) {
+      check_cuda(cudaMemsetAsync(l2_flush_, run, kL2FlushBytes, stream), "cudaMemsetAsync (L2 flush)");
+      check_cuda(cudaEventRecord(start, stream), "cudaEventRecord");
+      // A candidate the heuristic offered may still refuse these operands: it is skipped.
+      if (cublasLtMatmul(handle_, plan.desc, &alpha, w, plan.w_layout, x, plan.x_layout, &beta, out, plan.out_layout,
+                         out, plan.out_layout, &candidate.algo, workspace_, kWorkspaceBytes,
+                         stream) != CUBLAS_STATUS_SUCCESS)
+        break;
+      check_cuda(cudaEventRecord(stop, stream), "cudaEventRecord");
+      check_cuda(cudaEventSynchronize(stop), "cudaEventSynchronize");
+      float ms = 0;
+      check_cuda(cudaEventElapsedTime(&ms, start, stop), "cudaEventElapsedTime");
+      times.push_back(ms);
+    }
+    if (times.size() != size_t(kTimedRuns)) continue;
+    std::nth_element(times.begin(), times.begin() + kTimedRuns / 2, times.end());
+    if (times[kTimedRuns / 2] < best_ms) {
+      best_ms = times[kTimedRuns / 2];
+      best = candidate.algo;
+    }
+  }
+  cudaEventDestroy(start);
+  cudaEventDestroy(stop);
+  return best;
 }
 
 void Gemm::run(const void* x, const void* w, const void* bias, void* out, int64_t m, int64_t n, int64_t k,
@@ -124,7 +177,7 @@ void Gemm::run(const void* x, const void* w, const void* bias, void* out, int64_
     fail(ErrorKind::kInvalidArgument, "gemm: operands must be {}-byte aligned", kAlignmentBytes);
   }
   if (m == 0) return;
-  Plan& plan = plan_for(Shape{m, n, k, dtype, out_dtype, bias != nullptr});
+  Plan& plan = plan_for(Shape{m, n, k, dtype, out_dtype, bias != nullptr}, x, w, bias, out, stream);
   if (bias) set_desc(plan.desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, bias);
   const float alpha = 1.f, beta = 0.f;
   check_cublas(cublasLtMatmul(handle_, plan.desc, &alpha, w, plan.w_layout, x, plan.x_layout, &beta, out,

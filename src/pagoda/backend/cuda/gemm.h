@@ -1,12 +1,15 @@
 // The model's linear layers on cuBLASLt: out[m, n] = x[m, k] @ w[n, k]^T (+ bias[n]), fp16 or
 // bf16 operands, fp32 accumulation.
 //
-// Algorithm choice: the first call with a given (m, n, k, dtype, out_dtype, bias) asks cuBLASLt's
-// heuristic once and keeps its top result, with the matmul descriptor and the matrix layouts,
-// in a map; every later call (every decode step, and the replay of a captured CUDA graph) only
-// enqueues the matmul. The top heuristic pick is good enough here: at decode (m = 1..256
-// against weights up to 28672 x 8192) the GEMM is bound by reading w once, which any
-// reasonable tile does at close to full bandwidth, so timing candidates would buy little.
+// Algorithm choice, once per (m, n, k, dtype, out_dtype, bias), kept in a map with the matmul
+// descriptor and layouts, so that every later call (every decode step, and the replay of a
+// captured CUDA graph) only enqueues the matmul. For decode-sized m (<= kTunedRows) the first
+// call times up to kCandidates of cuBLASLt's heuristic picks on the real operands, from a cold
+// L2, and keeps the fastest: there the GEMM is bound by reading w once, and the heuristic's top
+// pick was measured reading Llama-3-8B's projections at 55-81% of the H200's bandwidth (it
+// leaves SMs idle on some shapes and adds split-K reductions on others). Larger m (prefill) takes
+// the top pick: compute-bound tiles are what the heuristic models well, and prefill chunk sizes
+// vary too much to time each.
 #pragma once
 
 #include <cublasLt.h>
@@ -16,6 +19,7 @@
 #include <cstdint>
 #include <map>
 #include <memory>
+#include <vector>
 
 #include "pagoda/core/dtype.h"
 
@@ -57,10 +61,14 @@ class Gemm {
     cublasLtMatmulAlgo_t algo{};
   };
 
-  Plan& plan_for(const Shape& shape);
+  Plan& plan_for(const Shape& shape, const void* x, const void* w, const void* bias, void* out, cudaStream_t stream);
+  // The fastest of `candidates` on these operands (a first call, outside any graph capture).
+  cublasLtMatmulAlgo_t fastest(Plan& plan, const std::vector<cublasLtMatmulHeuristicResult_t>& candidates,
+                               const void* x, const void* w, void* out, cudaStream_t stream);
 
   cublasLtHandle_t handle_ = nullptr;
   void* workspace_ = nullptr;
+  void* l2_flush_ = nullptr;  // written between timed candidates so each reads w from memory
   std::map<Shape, std::unique_ptr<Plan>> plans_;
 };
 

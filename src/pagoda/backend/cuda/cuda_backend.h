@@ -1,0 +1,102 @@
+// The CUDA backend: f16 or bf16 weights, activations and KV cache on one GPU; cuBLASLt GEMMs,
+// fused elementwise kernels (residual add + RMSNorm, RoPE + KV append, SwiGLU), the paged decode
+// and prefill attention kernels, and sampling on the GPU.
+//
+// Every op is issued on one stream and reads the step's metadata from device arrays that
+// begin_step() filled, so a decode step can be captured once into a CUDA graph and replayed:
+// graph_rows() pads decode batches to a few sizes, and run_graph() keeps one graph per size. When
+// a metadata array has to grow (its device pointer moves), every captured graph is dropped and
+// captured again on next use.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <map>
+#include <memory>
+#include <vector>
+
+#include "pagoda/backend/backend.h"
+#include "pagoda/backend/cuda/decode_attention.h"
+#include "pagoda/backend/cuda/device_array.h"
+#include "pagoda/backend/cuda/gemm.h"
+#include "pagoda/backend/cuda/prefill_attention.h"
+#include "pagoda/backend/cuda/sampling.h"
+
+namespace pagoda {
+
+struct CudaBackendOptions {
+  bool graphs = true;  // capture decode steps into CUDA graphs (off: every op is launched each step)
+  cuda::DecodeOptions decode;
+};
+
+class CudaBackend final : public Backend {
+ public:
+  // dtype: f16 or bf16. Throws Error(kUnsupported) when no GPU is usable.
+  explicit CudaBackend(DType dtype, const CudaBackendOptions& options = {});
+  ~CudaBackend() override;
+  CudaBackend(const CudaBackend&) = delete;
+  CudaBackend& operator=(const CudaBackend&) = delete;
+
+  std::string name() const override { return "cuda"; }
+  Device device() const override { return Device::kCuda; }
+  DType activation_dtype() const override { return dtype_; }
+
+  std::shared_ptr<Buffer> allocate(size_t bytes) override;
+  void upload(void* device_dst, const void* host_src, size_t bytes) override;
+  void download(void* host_dst, const void* device_src, size_t bytes) override;
+
+  void begin_step(const StepBatch& step) override;
+  void embed(const Tensor& table, const StepBatch& step, Tensor out) override;
+  void rms_norm(const Tensor& x, const Tensor& weight, float eps, Tensor out) override;
+  void rms_norm_logit_rows(const Tensor& x, const StepBatch& step, const Tensor& weight, float eps,
+                           Tensor out) override;
+  void add_rms_norm(Tensor x, const Tensor& y, const Tensor& weight, float eps, Tensor out) override;
+  void matmul(const Tensor& x, const Tensor& w, const Tensor* bias, Tensor out) override;
+  void silu_mul(const Tensor& gate_up, Tensor out) override;
+  void add(Tensor x, const Tensor& y) override;
+
+  size_t allocate_kv_cache(const kv::KvCacheConfig& config) override;
+  void copy_kv_block(int32_t src, int32_t dst) override;
+  void rope_append_kv(int layer, const StepBatch& step, const Tensor& qkv, Tensor q) override;
+  void attention(int layer, const StepBatch& step, const Tensor& q, Tensor out) override;
+  attention::DeviceInfo device_info() const override { return device_info_; }
+
+  int32_t graph_rows(int32_t rows) const override;
+  void run_graph(int32_t key, const std::function<void()>& body) override;
+
+  bool can_sample() const override { return true; }
+  void sample(const Tensor& logits, int32_t vocab, std::span<const SamplingRow> rows,
+              std::span<int32_t> tokens) override;
+
+  cudaStream_t stream() const { return stream_; }
+
+ private:
+  void check_dtype(const Tensor& t, const char* what) const;
+  void drop_graphs();
+
+  DType dtype_;
+  CudaBackendOptions options_;
+  cudaStream_t stream_ = nullptr;
+  cuda::Gemm gemm_;
+
+  // The KV cache: per layer a K pool and a V pool in one allocation, HND.
+  kv::KvCacheConfig kv_config_;
+  std::shared_ptr<Buffer> kv_storage_;
+  std::vector<PagedKv> kv_layers_;
+  attention::DeviceInfo device_info_;
+
+  // The step's metadata on the device (begin_step).
+  cuda::DeviceArray<int32_t> tokens_, positions_, slot_blocks_, logit_rows_;
+  cuda::DeviceArray<float> rope_inv_freq_;
+  cuda::DecodeWorkspace decode_;
+  cuda::PrefillWorkspace prefill_;
+  int32_t num_decode_ = 0;
+  bool has_prefill_ = false;
+  cuda::DeviceArray<cuda::SampleRow> sample_rows_;
+  cuda::DeviceArray<int32_t> sampled_;
+
+  std::map<int32_t, cudaGraphExec_t> graphs_;
+  std::vector<const void*> graph_inputs_;  // the metadata pointers the graphs were captured with
+};
+
+}  // namespace pagoda
