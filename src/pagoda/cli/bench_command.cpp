@@ -7,7 +7,6 @@
 #include <chrono>
 #include <cstdlib>
 #include <cstdio>
-#include <fstream>
 #include <memory>
 #include <random>
 #include <thread>
@@ -17,6 +16,7 @@
 
 #include "pagoda/cli/bench_report.h"
 #include "pagoda/cli/commands.h"
+#include "pagoda/cli/host_bench_support.h"
 #include "pagoda/cli/session.h"
 #include "pagoda/core/error.h"
 
@@ -26,40 +26,6 @@ namespace {
 using Clock = std::chrono::steady_clock;
 
 double seconds_since(Clock::time_point start) { return std::chrono::duration<double>(Clock::now() - start).count(); }
-
-// Streaming-read bandwidth of main memory with all threads: the best of several passes over a
-// buffer far larger than the caches. Four independent AVX2 xor accumulators per thread, so the
-// loop is bound by loads, not by an add's latency (a plain floating-point sum reduction is).
-double measure_read_bandwidth() {
-  const size_t bytes = size_t(512) << 20;
-  const size_t vectors = bytes / sizeof(__m256i);
-  auto* data = static_cast<__m256i*>(std::aligned_alloc(64, bytes));
-  if (!data) fail(ErrorKind::kOutOfMemory, "bench: cannot allocate {} bytes", bytes);
-#pragma omp parallel for schedule(static)
-  for (size_t i = 0; i < vectors; ++i) data[i] = _mm256_set1_epi64x(int64_t(i));
-  double best = 0;
-  int64_t sink = 0;
-  for (int pass = 0; pass < 5; ++pass) {
-    const auto start = Clock::now();
-#pragma omp parallel reduction(^ : sink)
-    {
-      __m256i a0 = _mm256_setzero_si256(), a1 = a0, a2 = a0, a3 = a0;
-#pragma omp for schedule(static)
-      for (size_t i = 0; i < vectors; i += 4) {
-        a0 = _mm256_xor_si256(a0, _mm256_load_si256(data + i));
-        a1 = _mm256_xor_si256(a1, _mm256_load_si256(data + i + 1));
-        a2 = _mm256_xor_si256(a2, _mm256_load_si256(data + i + 2));
-        a3 = _mm256_xor_si256(a3, _mm256_load_si256(data + i + 3));
-      }
-      const __m256i a = _mm256_xor_si256(_mm256_xor_si256(a0, a1), _mm256_xor_si256(a2, a3));
-      sink ^= _mm256_extract_epi64(a, 0) ^ _mm256_extract_epi64(a, 3);
-    }
-    best = std::max(best, double(bytes) / seconds_since(start));
-  }
-  std::free(data);
-  if (sink == 42) std::puts("");  // keeps the loads
-  return best;
-}
 
 // Peak f32 FMA throughput with all threads (FLOP/s): ten independent AVX2 FMA chains per
 // thread, enough to cover the FMA latency on every core.
@@ -123,14 +89,6 @@ DecodeRun run_batch(Session& session, int32_t batch, int32_t prompt_len, int32_t
   return run;
 }
 
-std::string cpu_name() {
-  std::ifstream in("/proc/cpuinfo");
-  std::string line;
-  while (std::getline(in, line))
-    if (line.starts_with("model name")) return line.substr(line.find(':') + 2);
-  return "unknown CPU";
-}
-
 }  // namespace
 
 void register_bench(CLI::App& app) {
@@ -159,7 +117,7 @@ void register_bench(CLI::App& app) {
       fail(ErrorKind::kInvalidArgument, "prompt + generated tokens exceed the context of {}", c.max_context);
 
     std::fprintf(stderr, "bench: measuring memory bandwidth and FMA peak...\n");
-    const double bandwidth = measure_read_bandwidth();
+    const double bandwidth = measure_host_read_bandwidth();
     const double fma_peak = measure_fma_peak();
     std::fprintf(stderr, "bench: warm-up...\n");
     run_batch(session, 1, 16, 4, 1);
@@ -227,6 +185,7 @@ void register_bench(CLI::App& app) {
     }
   });
   register_bench_attention(*bench);
+  register_bench_throughput(*bench);
 }
 
 }  // namespace pagoda::cli

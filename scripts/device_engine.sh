@@ -1,0 +1,70 @@
+#!/usr/bin/env bash
+# Issue 4's GPU session on a lent machine: build, the GPU tests, and the engine benchmarks on
+# random checkpoints of real shapes, with Hugging Face transformers as the peer in the same run.
+# Results land in $OUT (default ./device-out).
+#   here:   bash scripts/fetch_device_deps.sh; mkdir -p .device-data && cp ../shared/workloads/mooncake_synthetic_trace.jsonl .device-data/
+#   there:  STEPS="build tests" bash scripts/device_engine.sh     (carry .device-deps and .device-data)
+# STEPS (in this order): build tests llama3 trace llama2 hf
+# Environment: MODELS (where checkpoints go) [/tmp/pagoda-models], OUTPUT (offline output tokens)
+# [2048], HF_OUTPUT (output tokens of the transformers run) [256]
+set -euo pipefail
+cd "$(dirname "$0")/.."
+out=${OUT:-device-out}
+models=${MODELS:-/tmp/pagoda-models}
+output=${OUTPUT:-2048}
+hf_output=${HF_OUTPUT:-256}
+mkdir -p "$out" "$models"
+steps=" ${STEPS:-build tests llama3 trace llama2 hf} "
+has() { [[ "$steps" == *" $1 "* ]]; }
+python=/opt/torch/.venv/bin/python3
+[[ -x $python ]] || python=python3
+nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee "$out/gpu.txt"
+device=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -n1)
+
+if has build; then
+  bash scripts/device_build.sh pagoda gpu_tests >"$out/build.log" 2>&1 || { grep -m5 -A5 error "$out/build.log"; tail -n 20 "$out/build.log"; exit 1; }
+  tail -n 1 "$out/build.log"
+fi
+
+if has tests; then
+  ./build/gpu_tests --gtest_brief=1 ${GTEST_FILTER:+--gtest_filter=$GTEST_FILTER} >"$out/gpu_tests.log" 2>&1 || true
+  grep -E "^  |\[  FAILED|Failure|PASSED|tests ran" "$out/gpu_tests.log" | head -n 60 || true
+fi
+
+# A random checkpoint of an exact shape, written once per machine.
+make_model() {  # arch
+  [[ -f $models/$1/config.json ]] || ./build/pagoda make-model --arch "$1" --dtype fp16 --out "$models/$1" >/dev/null
+}
+# pagoda's offline run: batch 64, input 512, `output` tokens; all 64 sequences fit the KV cache.
+offline() {  # arch output kv_mb
+  ./build/pagoda bench throughput -m "$models/$1" --backend cuda --batch 64 --input 512 --output "$2" \
+    --max-batch 64 --step-tokens 8192 --kv-memory-mb "$3" --json "$out/throughput_$1_o$2.json" \
+    2>&1 | tail -n 25
+}
+
+if has llama3; then
+  make_model llama3-8b
+  offline llama3-8b "$output" 24000
+fi
+
+if has trace; then
+  make_model llama3-8b
+  ./build/pagoda bench throughput -m "$models/llama3-8b" --backend cuda --trace .device-data/mooncake_synthetic_trace.jsonl \
+    ${TRACE_ARGS:---max-requests 400 --length-scale 0.25 --time-scale 0.5} --max-batch 64 --step-tokens 8192 \
+    --kv-memory-mb 60000 --json "$out/trace_llama3-8b.json" 2>&1 | tail -n 25
+fi
+
+if has llama2; then
+  make_model llama2-7b
+  offline llama2-7b "$output" 90000
+  [[ $hf_output == "$output" ]] || offline llama2-7b "$hf_output" 90000
+fi
+
+if has hf; then
+  make_model llama2-7b
+  $python bench/hf_generate.py --model "$models/llama2-7b" --batch 64 --input 512 --output "$hf_output" \
+    --out "$out/hf_llama2-7b_o$hf_output.json" 2>&1 | tail -n 8
+  $python bench/compare_throughput.py "$out/throughput_llama2-7b_o$hf_output.json" "$out/hf_llama2-7b_o$hf_output.json" \
+    --md "$out/compare_hf.md" 2>&1 | tail -n 8 || true
+fi
+echo "device_engine: done on $device"

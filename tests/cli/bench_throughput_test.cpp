@@ -1,0 +1,161 @@
+// pagoda bench throughput end to end on the CPU backend with a tiny make-model checkpoint: the
+// offline and replay workloads run, count exactly the tokens and steps they should, account the
+// KV bytes of the roofline exactly, see the prefix sharing the trace describes, and write JSON
+// with the fields the results need.
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <fstream>
+#include <string>
+
+#include <nlohmann/json.hpp>
+
+#include "pagoda_process.h"
+
+namespace pagoda {
+namespace {
+
+namespace fs = std::filesystem;
+using testing::expect_pagoda_error;
+using testing::fresh_temp_dir;
+using testing::run_pagoda;
+
+class BenchThroughput : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    dir_ = new fs::path(fresh_temp_dir("bench_throughput"));
+    const auto r = run_pagoda("make-model --arch tiny --seed 1 --out " + (*dir_ / "model").string());
+    ASSERT_EQ(r.exit_code, 0) << r.output;
+    // Lengths x 0.25 make 128-token blocks: inputs 256, 256 and 250 tokens, outputs 4, 2 and 1.
+    // Request 0 is prefilled before requests 1 and 2 arrive; 1 shares block 1 with it, 2 shares
+    // blocks 1 and 2 (of which 15 whole KV blocks of 16 tokens fit its 250 tokens).
+    std::ofstream(*dir_ / "trace.jsonl")
+        << R"({"timestamp": 0, "input_length": 1024, "output_length": 16, "hash_ids": [1, 2]})" "\n"
+        << R"({"timestamp": 100, "input_length": 1024, "output_length": 8, "hash_ids": [1, 3]})" "\n"
+        << R"({"timestamp": 100, "input_length": 1000, "output_length": 4, "hash_ids": [1, 2]})" "\n";
+  }
+  static void TearDownTestSuite() {
+    fs::remove_all(*dir_);
+    delete dir_;
+  }
+
+  static std::string model() { return " -m " + (*dir_ / "model").string() + " --backend cpu --threads 2"; }
+  static std::string trace() { return (*dir_ / "trace.jsonl").string(); }
+  static std::string json_path(const std::string& name) { return (*dir_ / name).string(); }
+  static nlohmann::json read_json(const std::string& path) { return nlohmann::json::parse(std::ifstream(path)); }
+
+  static fs::path* dir_;
+};
+
+fs::path* BenchThroughput::dir_ = nullptr;
+
+void expect_common_fields(const nlohmann::json& j) {
+  EXPECT_EQ(j["benchmark"], "throughput");
+  EXPECT_FALSE(j["commit"].get<std::string>().empty());
+  EXPECT_FALSE(j["device"].get<std::string>().empty());
+  EXPECT_EQ(j["backend"], "cpu");
+  EXPECT_EQ(j["model_shape"]["layers"], 2);
+  EXPECT_GT(j["weight_bytes"].get<double>(), 0);
+  const auto& f = j["figures"];
+  for (const char* latency : {"ttft_ms", "tpot_ms", "e2e_s"}) {
+    EXPECT_GT(f[latency]["mean"].get<double>(), 0) << latency;
+    EXPECT_LE(f[latency]["p50"].get<double>(), f[latency]["p99"].get<double>()) << latency;
+  }
+  EXPECT_NEAR(f["output_tok_s"].get<double>(), f["output_tokens"].get<double>() / f["wall_s"].get<double>(), 1e-6);
+  EXPECT_NEAR(f["total_tok_s"].get<double>(),
+              (f["output_tokens"].get<double>() + f["prompt_tokens"].get<double>()) / f["wall_s"].get<double>(), 1e-6);
+  // No request outlasts the run.
+  EXPECT_LE(f["e2e_s"]["p99"].get<double>(), f["wall_s"].get<double>());
+}
+
+TEST_F(BenchThroughput, OfflineCountsTokensStepsAndRooflineBytes) {
+  const std::string json = json_path("offline.json");
+  const auto r = run_pagoda("bench throughput" + model() + " --batch 3 --input 20 --output 6 --json " + json);
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  for (const char* text : {"output tokens/s", "TTFT (ms)", "TPOT (ms)", "prefix-cache hit rate",
+                           "roofline of the 5 decode-only steps"})
+    EXPECT_NE(r.output.find(text), std::string::npos) << text << "\n" << r.output;
+
+  const nlohmann::json j = read_json(json);
+  expect_common_fields(j);
+  EXPECT_NE(j["command"].get<std::string>().find("--batch 3 --input 20 --output 6"), std::string::npos);
+  EXPECT_EQ(j["config"]["mode"], "offline");
+  EXPECT_EQ(j["config"]["max_batch"], 3);  // --max-batch follows --batch unless given
+  const auto& f = j["figures"];
+  EXPECT_EQ(f["requests"], 3);
+  EXPECT_EQ(f["prompt_tokens"], 60);
+  EXPECT_EQ(f["output_tokens"], 18);
+  EXPECT_EQ(f["steps"], 6);  // one prefill step (with each first token), five decode steps
+  EXPECT_EQ(f["preemptions"], 0);
+  EXPECT_EQ(f["prefix_hit_tokens"], 0);  // distinct random prompts share no block
+
+  const auto& roof = j["roofline"];
+  EXPECT_EQ(roof["decode_steps"], 5);
+  EXPECT_EQ(roof["mean_batch"], 3);
+  // KV read per token: 2 layers x (K, V) x 2 KV heads x 16 dims x 4 bytes (f32 on the CPU).
+  EXPECT_EQ(roof["kv_bytes_per_token"], 512);
+  // Decode step k (1..5) attends over 20 + k tokens in each of 3 sequences.
+  const double kv_bytes = 3 * 512 * (21 + 22 + 23 + 24 + 25);
+  // Of the untied embedding table (320 x 64, f16 unless the CPU backend widened it), a step reads
+  // only its 3 tokens' rows.
+  const double row_bytes = roof["embedding_row_bytes"].get<double>();
+  EXPECT_TRUE(row_bytes == 64 * 2 || row_bytes == 64 * 4) << row_bytes;
+  EXPECT_DOUBLE_EQ(roof["step_weight_bytes"].get<double>(), j["weight_bytes"].get<double>() - 320 * row_bytes);
+  EXPECT_DOUBLE_EQ(roof["bytes_read"].get<double>(),
+                   5 * (roof["step_weight_bytes"].get<double>() + 3 * row_bytes) + kv_bytes);
+  const double bandwidth = roof["read_bandwidth_bytes_per_s"].get<double>();
+  EXPECT_GT(bandwidth, 1e8);
+  EXPECT_NEAR(roof["bound_s"].get<double>(), roof["bytes_read"].get<double>() / bandwidth, 1e-12);
+  EXPECT_NEAR(roof["fraction_of_bound"].get<double>(),
+              roof["bound_s"].get<double>() / roof["measured_s"].get<double>(), 1e-9);
+}
+
+TEST_F(BenchThroughput, ReplaySharesPrefixesAndReportsTheScaling) {
+  const std::string json = json_path("replay.json");
+  const auto r = run_pagoda("bench throughput" + model() + " --trace " + trace() + " --length-scale 0.25 --json " + json);
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("lengths x 0.25 (a hash id is 128 tokens, not 512)"), std::string::npos) << r.output;
+
+  const nlohmann::json j = read_json(json);
+  expect_common_fields(j);
+  EXPECT_EQ(j["config"]["mode"], "replay");
+  EXPECT_EQ(j["config"]["scaling"]["block_tokens"], 128);
+  EXPECT_EQ(j["config"]["scaling"]["length_scale"], 0.25);
+  EXPECT_EQ(j["config"]["scaling"]["requests_replayed"], 3);
+  EXPECT_TRUE(j["roofline"].is_null());
+  const auto& f = j["figures"];
+  EXPECT_EQ(f["requests"], 3);
+  EXPECT_EQ(f["prompt_tokens"], 256 + 256 + 250);
+  EXPECT_EQ(f["output_tokens"], 4 + 2 + 1);
+  // Whole 16-token blocks of the longest cached prefix: 8 for request 1, 15 for request 2.
+  EXPECT_EQ(f["prefix_hit_tokens"], 128 + 240);
+  EXPECT_DOUBLE_EQ(f["prefix_hit_rate"].get<double>(), 368.0 / 762.0);
+
+  const auto off = run_pagoda("bench throughput" + model() + " --trace " + trace() +
+                              " --length-scale 0.25 --no-prefix-cache --json " + json);
+  ASSERT_EQ(off.exit_code, 0) << off.output;
+  const nlohmann::json k = read_json(json);
+  EXPECT_EQ(k["config"]["prefix_caching"], false);
+  EXPECT_EQ(k["figures"]["prefix_hit_tokens"], 0);
+  EXPECT_EQ(k["figures"]["output_tokens"], 7);
+}
+
+TEST_F(BenchThroughput, BadFlags) {
+  expect_pagoda_error("bench throughput" + model(), "needs either --batch/--input/--output (offline) or --trace");
+  expect_pagoda_error("bench throughput" + model() + " --batch 2 --input 4 --output 4 --trace " + trace(),
+                      "needs either");
+  expect_pagoda_error("bench throughput" + model() + " --batch 0 --input 4 --output 2", "--batch in [1, 4096]");
+  expect_pagoda_error("bench throughput" + model() + " --batch 1 --input 4000 --output 200",
+                      "exceed the model's context of 4096");
+  expect_pagoda_error("bench throughput" + model() + " --trace /nonexistent.jsonl", "cannot open the trace");
+  expect_pagoda_error("bench throughput" + model() + " --trace " + trace() + " --length-scale 0", "--length-scale");
+  expect_pagoda_error("bench throughput" + model() + " --trace " + trace() + " --length-scale 4",
+                      "more than the model's context");
+  const std::string bad = json_path("bad.jsonl");
+  std::ofstream(bad) << R"({"timestamp": 0, "input_length": 10, "output_length": 1, "hash_ids": [0]})" "\n"
+                     << R"({"timestamp": 0, "input_length": 10})" "\n";
+  expect_pagoda_error("bench throughput" + model() + " --trace " + bad, "bad.jsonl:2: \"output_length\"");
+}
+
+}  // namespace
+}  // namespace pagoda
