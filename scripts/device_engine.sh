@@ -4,6 +4,9 @@
 # Results land in $OUT (default ./device-out).
 #   here:   bash scripts/fetch_device_deps.sh; mkdir -p .device-data && cp ../shared/workloads/mooncake_synthetic_trace.jsonl .device-data/
 #   there:  STEPS="build tests" bash scripts/device_engine.sh     (carry .device-deps and .device-data)
+# The GPU tests of the whole model need the default model (SmolLM2, 98 MB), which no single call
+# can carry (64 MiB): split it here (`split -n 3 -d FILE`, a part in each of .device-model/{a,b,c}),
+# carry one part per call, `cat` them together there and export PAGODA_MODEL=that file.
 # STEPS (in this order): build tests llama3 trace llama2 hf
 # Environment: MODELS (where checkpoints go) [/tmp/pagoda-models], OUTPUT (offline output tokens)
 # [2048], HF_OUTPUT (output tokens of the transformers run) [256]
@@ -50,7 +53,7 @@ fi
 if has trace; then
   make_model llama3-8b
   ./build/pagoda bench throughput -m "$models/llama3-8b" --backend cuda --trace .device-data/mooncake_synthetic_trace.jsonl \
-    ${TRACE_ARGS:---max-requests 400 --length-scale 0.25 --time-scale 0.5} --max-batch 64 --step-tokens 8192 \
+    ${TRACE_ARGS:---length-scale 0.0625 --time-scale 0.05 --max-input 8000} --max-batch 64 --step-tokens 8192 \
     --kv-memory-mb 60000 --json "$out/trace_llama3-8b.json" 2>&1 | tail -n 25
 fi
 
@@ -63,8 +66,8 @@ fi
 if has hf; then
   make_model llama2-7b
   $python bench/hf_generate.py --model "$models/llama2-7b" --batch 64 --input 512 --output "$hf_output" \
-    --out "$out/hf_llama2-7b_o$hf_output.json" 2>&1 | tail -n 8
-  $python bench/compare_throughput.py "$out/throughput_llama2-7b_o$hf_output.json" "$out/hf_llama2-7b_o$hf_output.json" \
-    --md "$out/compare_hf.md" 2>&1 | tail -n 8 || true
+    --json "$out/hf_llama2-7b_o$hf_output.json" 2>&1 | tail -n 8
+  $python bench/compare_throughput.py --pagoda "$out/throughput_llama2-7b_o$hf_output.json" \
+    --hf "$out/hf_llama2-7b_o$hf_output.json" --md "$out/compare_hf.md" 2>&1 | tail -n 8 || true
 fi
 echo "device_engine: done on $device"

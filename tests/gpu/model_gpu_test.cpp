@@ -23,6 +23,7 @@
 #include "pagoda/backend/cuda/check.h"
 #include "pagoda/backend/cuda/cuda_backend.h"
 #include "pagoda/core/default_model.h"
+#include "pagoda/core/error.h"
 #include "pagoda/engine/engine.h"
 #include "pagoda/format/gguf.h"
 
@@ -112,17 +113,39 @@ TEST(GpuModel, RandomLlama3AndQwen25ShapesMatchTheCpuBackend) {
   }
 }
 
+// A KV cache larger than the GPU: a clear error naming what was needed and what was free.
+TEST(GpuModel, OutOfMemorySaysWhatWasNeededAndFree) {
+  if (!cuda::device_available()) GTEST_SKIP() << "no CUDA device";
+  CudaBackend backend(DType::kF16);
+  const kv::KvCacheConfig config{.num_layers = 64, .num_blocks = 1 << 20, .block_size = 16, .num_kv_heads = 8,
+                                 .head_dim = 128, .dtype = DType::kF16};
+  try {
+    backend.allocate_kv_cache(config);
+    FAIL() << "a 32 TiB KV cache was allocated";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.kind(), ErrorKind::kOutOfMemory);
+    const std::string message = e.what();
+    EXPECT_NE(message.find("MiB needed"), std::string::npos) << message;
+    EXPECT_NE(message.find("MiB free"), std::string::npos) << message;
+  }
+  // The backend is still usable after the failure.
+  EXPECT_GT(backend.allocate_kv_cache({.num_layers = 1, .num_blocks = 4, .block_size = 16, .num_kv_heads = 8,
+                                       .head_dim = 128, .dtype = DType::kF16}),
+            0u);
+}
+
 // The engine on the GPU, SmolLM2, greedy. The reference runs every request alone with host
 // sampling and records each step's top-2 logprob gap; the other runs sample on the GPU. fp16
-// rounding differs between batch shapes (other GEMM tiles, split or unsplit KV), so a step whose
-// two best tokens are nearly tied may flip: runs must agree token for token up to the first near
-// tie of the reference, and those checked prefixes must cover most tokens.
+// rounding differs between batch shapes (other GEMM tiles, split or unsplit KV, chunked prefill),
+// so a step whose two best tokens are nearly tied may flip, and the continuation after it differs:
+// a run may leave the reference only at a near tie of the reference, and the tokens before the
+// first departure (which are compared) must be most of them.
 class GpuEngine : public ::testing::Test {
  protected:
   static constexpr int32_t kTokens = 64;
-  // top-1 minus top-2 logprob. The GPU's logits move by up to ~6e-3 of their range (~0.1) between
-  // chunkings (GpuModel above); 0.02 was seen to flip with 7-token chunks.
-  static constexpr float kNearTie = 0.1f;
+  // top-1 minus top-2 logprob. The GPU's logits move by up to ~6e-3 of their range (~0.15 for
+  // SmolLM2) between chunkings (GpuModel above), so two tokens closer than that may swap.
+  static constexpr float kNearTie = 0.3f;
 
   void SetUp() override {
     if (!cuda::device_available()) GTEST_SKIP() << "no CUDA device";
@@ -166,8 +189,8 @@ class GpuEngine : public ::testing::Test {
     return out;
   }
 
-  // Tokens of `actual` that equal the reference up to its first near tie; fails on a mismatch
-  // before it.
+  // Tokens of `actual` equal to the reference before their first difference; fails where a
+  // difference is not at a near tie of the reference.
   static int64_t expect_same_until_near_tie(const std::vector<Output>& reference, const std::vector<Output>& actual,
                                             const char* what) {
     int64_t checked = 0, total = 0;
@@ -176,14 +199,18 @@ class GpuEngine : public ::testing::Test {
       EXPECT_EQ(actual[i].tokens.size(), size_t(kTokens)) << what << ", request " << i;
       total += kTokens;
       for (size_t t = 0; t < ref.tokens.size() && t < actual[i].tokens.size(); ++t) {
-        EXPECT_EQ(actual[i].tokens[t], ref.tokens[t]) << what << ", request " << i << ", token " << t;
-        if (actual[i].tokens[t] != ref.tokens[t]) break;
-        ++checked;
-        if (t < ref.gaps.size() && ref.gaps[t] < kNearTie) break;
+        if (actual[i].tokens[t] == ref.tokens[t]) {
+          ++checked;
+          continue;
+        }
+        const float gap = t < ref.gaps.size() ? ref.gaps[t] : 0.f;
+        std::printf("  %-34s request %2zu leaves the reference at token %2zu (top-2 gap %.3f)\n", what, i, t, gap);
+        EXPECT_LT(gap, kNearTie) << what << ", request " << i << ", token " << t << ": " << actual[i].tokens[t]
+                                 << " instead of " << ref.tokens[t];
+        break;
       }
     }
-    std::printf("  %-34s %lld of %lld tokens compared (the rest follow a near tie)\n", what, (long long)checked,
-                (long long)total);
+    std::printf("  %-34s %lld of %lld tokens equal before a departure\n", what, (long long)checked, (long long)total);
     EXPECT_GE(checked, total * 2 / 3) << what << ": too few tokens compared for the test to mean anything";
     return checked;
   }
@@ -210,6 +237,33 @@ TEST_F(GpuEngine, GreedyOutputIsUnchangedByBatchingCachingChunkingAndPreemption)
   const std::vector<Output> squeezed = run({.num_kv_blocks = 40, .max_batch = 16}, false, &stats);
   EXPECT_GT(stats.preemptions, 0);
   expect_same_until_near_tie(alone, squeezed, "batch 16, preemption");
+}
+
+// A replayed graph runs the very kernels an eager step launches: the same tokens, bit for bit.
+// 256 requests of SmolLM2 (3 KV heads) make 768 decode work items, enough to fill the GPU without
+// splitting KV, so decode steps are captured and replayed. Every prompt is prefilled in the first
+// step, so all 256 decode together to the end: no padding, the same GEMM shapes either way.
+TEST_F(GpuEngine, GraphReplayEqualsEagerLaunches) {
+  auto run_all = [&](bool graphs) {
+    backend_->enable_graphs(graphs);
+    Engine engine(*model_, *tokenizer_, {.max_batch = 256, .max_step_tokens = 16384});
+    std::map<RequestId, std::vector<int32_t>> tokens;
+    std::vector<RequestId> ids;
+    for (size_t i = 0; i < 256; ++i)
+      ids.push_back(engine.submit({prompts_[i % prompts_.size()],
+                                   SamplingParams{.temperature = 0.f, .max_tokens = 32, .ignore_eos = true}}));
+    while (engine.has_work())
+      for (const TokenEvent& e : engine.step())
+        if (e.token >= 0) tokens[e.request].push_back(e.token);
+    std::vector<std::vector<int32_t>> out;
+    for (RequestId id : ids) out.push_back(tokens[id]);
+    return out;
+  };
+  const auto eager = run_all(false);
+  const int64_t replays_before = backend_->graph_replays();
+  const auto replayed = run_all(true);
+  EXPECT_GT(backend_->graph_replays() - replays_before, 16) << "decode steps were not replayed from graphs";
+  EXPECT_EQ(replayed, eager);
 }
 
 // Sampling on the GPU with a seed: the same tokens whatever batch a request shares.

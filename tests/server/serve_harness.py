@@ -219,7 +219,9 @@ def port_is_closed(host, port):
     try:
         with socket.create_connection((host, port), timeout=5):
             return False
-    except ConnectionRefusedError:
+    # A reset instead of a refusal: the connection reached the backlog just as the listening
+    # socket closed, and the kernel dropped it. Nobody accepted it either way.
+    except (ConnectionRefusedError, ConnectionResetError):
         return True
 
 

@@ -217,6 +217,7 @@ int32_t CudaBackend::graph_rows(int32_t rows) const {
 void CudaBackend::run_graph(int32_t key, const std::function<void()>& body) {
   if (auto it = graphs_.find(key); it != graphs_.end()) {
     cuda::check_cuda(cudaGraphLaunch(it->second, stream_), "cudaGraphLaunch");
+    ++graph_replays_;
     return;
   }
   // First time: run the step eagerly (which also does every first-use setup, such as choosing

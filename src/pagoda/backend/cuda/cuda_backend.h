@@ -69,6 +69,11 @@ class CudaBackend final : public Backend {
               std::span<int32_t> tokens) override;
 
   cudaStream_t stream() const { return stream_; }
+  // Switches graph capture and replay on or off (tests compare the two on one backend, whose
+  // GEMM algorithm choices then stay the same).
+  void enable_graphs(bool on) { options_.graphs = on; }
+  // Steps replayed from a captured graph so far.
+  int64_t graph_replays() const { return graph_replays_; }
 
  private:
   void check_dtype(const Tensor& t, const char* what) const;
@@ -96,6 +101,7 @@ class CudaBackend final : public Backend {
   cuda::DeviceArray<int32_t> sampled_;
 
   std::map<int32_t, cudaGraphExec_t> graphs_;
+  int64_t graph_replays_ = 0;
   std::vector<const void*> graph_inputs_;  // the metadata pointers the graphs were captured with
 };
 

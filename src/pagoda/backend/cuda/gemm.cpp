@@ -13,7 +13,7 @@ namespace {
 
 constexpr size_t kWorkspaceBytes = size_t(32) << 20;
 constexpr int64_t kTunedRows = 256;    // decode batches: the m whose algorithm is timed
-constexpr int kCandidates = 8;         // heuristic picks timed
+constexpr int kCandidates = 32;        // heuristic picks timed (the heuristic may return fewer)
 constexpr int kTimedRuns = 3;          // per candidate; the median counts
 constexpr size_t kL2FlushBytes = size_t(256) << 20;  // several times any GPU's L2
 // The alignment promised to the heuristic for every operand (its default assumes 256 bytes, which

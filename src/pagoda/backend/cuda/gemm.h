@@ -4,7 +4,7 @@
 // Algorithm choice, once per (m, n, k, dtype, out_dtype, bias), kept in a map with the matmul
 // descriptor and layouts, so that every later call (every decode step, and the replay of a
 // captured CUDA graph) only enqueues the matmul. For decode-sized m (<= kTunedRows) the first
-// call times up to kCandidates of cuBLASLt's heuristic picks on the real operands, from a cold
+// call times up to 32 of cuBLASLt's heuristic picks on the real operands, from a cold
 // L2, and keeps the fastest: there the GEMM is bound by reading w once, and the heuristic's top
 // pick was measured reading Llama-3-8B's projections at 55-81% of the H200's bandwidth (it
 // leaves SMs idle on some shapes and adds split-K reductions on others). Larger m (prefill) takes
