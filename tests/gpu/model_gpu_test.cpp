@@ -144,8 +144,9 @@ class GpuEngine : public ::testing::Test {
  protected:
   static constexpr int32_t kTokens = 64;
   // top-1 minus top-2 logprob. The GPU's logits move by up to ~6e-3 of their range (~0.15 for
-  // SmolLM2) between chunkings (GpuModel above), so two tokens closer than that may swap.
-  static constexpr float kNearTie = 0.3f;
+  // SmolLM2) between chunkings (GpuModel above), the top two less: the departures seen on an H200
+  // were at gaps of 0.001 and 0.006.
+  static constexpr float kNearTie = 0.05f;
 
   void SetUp() override {
     if (!cuda::device_available()) GTEST_SKIP() << "no CUDA device";
