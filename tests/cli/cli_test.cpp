@@ -2,6 +2,8 @@
 // exit, never a crash; good input streams text and reports speed.
 #include <gtest/gtest.h>
 
+#include "pagoda_process.h"
+
 #include <arpa/inet.h>
 #include <netinet/in.h>
 #include <sys/socket.h>
@@ -16,30 +18,12 @@
 
 namespace {
 
-struct Result {
-  int exit_code = -1;
-  std::string output;  // stdout and stderr together
-};
+using Result = pagoda::testing::ProcessResult;
 
-Result run(const std::string& args) {
-  Result r;
-  const std::string command = std::string(PAGODA_BINARY) + " " + args + " 2>&1 </dev/null";
-  FILE* pipe = ::popen(command.c_str(), "r");
-  if (!pipe) return r;
-  char buffer[4096];
-  size_t n;
-  while ((n = std::fread(buffer, 1, sizeof buffer, pipe)) > 0) r.output.append(buffer, n);
-  const int status = ::pclose(pipe);
-  r.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
-  return r;
-}
-
+Result run(const std::string& args) { return pagoda::testing::run_pagoda(args); }
 // A clean failure: exit code 1 (or CLI11's parse-error code), the message, and no crash.
 void expect_error(const std::string& args, const std::string& message) {
-  const Result r = run(args);
-  EXPECT_NE(r.exit_code, 0) << args << "\n" << r.output;
-  EXPECT_LT(r.exit_code, 128) << "killed by a signal: " << args << "\n" << r.output;
-  EXPECT_NE(r.output.find(message), std::string::npos) << args << "\n" << r.output;
+  pagoda::testing::expect_pagoda_error(args, message);
 }
 
 std::string temp_file(const std::string& name, const std::string& contents) {

@@ -1,7 +1,7 @@
-#include <atomic>
 #include <cstdint>
 
 #include "pagoda/backend/cuda/check.h"
+#include "pagoda/backend/cuda/kernels/shared_memory.cuh"
 #include "pagoda/backend/cuda/kernels/decode_launch.h"
 #include "pagoda/backend/cuda/kernels/decode_tiled.cuh"
 #include "pagoda/backend/cuda/kernels/dispatch.cuh"
@@ -9,19 +9,10 @@
 namespace pagoda::cuda {
 namespace {
 
-// Above 48 KB a kernel's dynamic shared memory must be allowed explicitly, once per device
-// (tensor parallelism drives several from one process); a failed attempt is retried.
 template <typename T, int kHeadDim>
 void allow_shared_memory() {
-  static std::atomic<uint64_t> done_devices{0};  // bit d: device d (ordinals >= 64 always set it)
-  int device = 0;
-  check_cuda(cudaGetDevice(&device), "cudaGetDevice");
-  const uint64_t bit = device < 64 ? uint64_t(1) << device : 0;
-  if (bit != 0 && (done_devices.load(std::memory_order_relaxed) & bit)) return;
-  check_cuda(cudaFuncSetAttribute(decode_tiled_kernel<T, kHeadDim>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                  DecodeTiledConfig<kHeadDim>::kSmemBytes),
-             "cudaFuncSetAttribute(decode_tiled_kernel)");
-  done_devices.fetch_or(bit, std::memory_order_relaxed);
+  allow_dynamic_shared_memory<decode_tiled_kernel<T, kHeadDim>, int(DecodeTiledConfig<kHeadDim>::kSmemBytes)>(
+      "cudaFuncSetAttribute(decode_tiled_kernel)");
 }
 
 }  // namespace

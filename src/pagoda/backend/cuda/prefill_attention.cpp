@@ -61,16 +61,9 @@ void PrefillWorkspace::upload(std::span<const PrefillChunk> chunks, std::span<co
 }
 
 const char* prefill_unsupported_reason(const attention::AttentionShape& shape, DType dtype) {
-  if (dtype != DType::kF16 && dtype != DType::kBF16) return "KV dtype must be f16 or bf16";
-  if (shape.head_dim != 64 && shape.head_dim != 128) return "head_dim must be 64 or 128";
-  if (shape.block_size != 16 && shape.block_size != 32 && shape.block_size != 64) {
-    return "block size must be 16, 32 or 64";
-  }
-  if (shape.num_kv_heads <= 0 || shape.num_q_heads % shape.num_kv_heads != 0 ||
-      shape.group_size() < 1 || shape.group_size() > 8) {
-    return "query heads per kv head (GQA group) must be 1 to 8";
-  }
-  return nullptr;
+  // The decode kernel's dtypes, block sizes and groups; its head_dim 256 is not instantiated here.
+  if (shape.head_dim == 256) return "head_dim must be 64 or 128";
+  return decode_shape_unsupported_reason(shape, dtype);
 }
 
 void prefill_attention(const PrefillWorkspace& ws, const attention::AttentionShape& shape,

@@ -1,10 +1,10 @@
 // The prefill kernel's instantiations, {f16, bf16} x head_dim {64, 128}, and its launch.
-#include <atomic>
 #include <bit>
 #include <cstdint>
 #include <numbers>
 
 #include "pagoda/backend/cuda/check.h"
+#include "pagoda/backend/cuda/kernels/shared_memory.cuh"
 #include "pagoda/backend/cuda/kernels/prefill_tiled.cuh"
 #include "pagoda/backend/cuda/prefill_attention.h"
 
@@ -31,20 +31,10 @@ void dispatch_prefill_kernel(DType dtype, int head_dim, Fn&& fn) {
   }
 }
 
-// Above 48 KB a kernel's dynamic shared memory must be allowed explicitly, once per device
-// (tensor parallelism drives several from one process); a failed attempt is retried.
 template <typename T, int kHeadDim>
 void allow_shared_memory() {
-  static std::atomic<uint64_t> done_devices{0};  // bit d: device d (ordinals >= 64 always set it)
-  int device = 0;
-  check_cuda(cudaGetDevice(&device), "cudaGetDevice");
-  const uint64_t bit = device < 64 ? uint64_t(1) << device : 0;
-  if (bit != 0 && (done_devices.load(std::memory_order_relaxed) & bit)) return;
-  check_cuda(cudaFuncSetAttribute(prefill_tiled_kernel<T, kHeadDim>,
-                                  cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                  PrefillTiledConfig<kHeadDim>::kSmemBytes),
-             "cudaFuncSetAttribute(prefill_tiled_kernel)");
-  done_devices.fetch_or(bit, std::memory_order_relaxed);
+  allow_dynamic_shared_memory<prefill_tiled_kernel<T, kHeadDim>, int(PrefillTiledConfig<kHeadDim>::kSmemBytes)>(
+      "cudaFuncSetAttribute(prefill_tiled_kernel)");
 }
 
 }  // namespace
