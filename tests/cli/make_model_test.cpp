@@ -235,6 +235,10 @@ TEST(MakeModel, BadFlags) {
   expect_pagoda_error("make-model --arch tiny --layers 0" + out, "--layers must be in [1, 1024]");
   expect_pagoda_error("make-model --arch tiny --dtype fp8" + out, "--dtype must be fp16 or bf16");
   expect_pagoda_error("make-model --arch tiny --seed many" + out, "many");
+  // Never over a folder it did not write (a real model's weights would be replaced).
+  const auto foreign = fresh_temp_dir("foreign");
+  std::ofstream(foreign / "config.json") << R"({"model_type": "llama"})";
+  expect_pagoda_error("make-model --arch tiny --out " + foreign.string(), "make-model did not write");
 }
 
 }  // namespace

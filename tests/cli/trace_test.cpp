@@ -45,7 +45,6 @@ TEST(Trace, ParsesEveryLineAndSkipsBlankOnes) {
   EXPECT_EQ(trace[1].input_length, 1100);
   EXPECT_EQ(trace[1].output_length, 7);
   EXPECT_EQ(trace[1].hash_ids, (std::vector<int64_t>{1, 2, 3}));
-  EXPECT_TRUE(parse_trace("", "empty").empty());
 }
 
 TEST(Trace, MalformedLinesNameTheLineAndTheField) {
@@ -62,6 +61,8 @@ TEST(Trace, MalformedLinesNameTheLineAndTheField) {
             std::string::npos);
   EXPECT_NE(error(R"({"timestamp": -5, "input_length": 10, "output_length": 1, "hash_ids": [0]})").find("timestamp"),
             std::string::npos);
+  EXPECT_NE(error(R"({"timestamp": 1e300, "input_length": 10, "output_length": 1, "hash_ids": [0]})").find("timestamp"),
+            std::string::npos);
   EXPECT_NE(error(R"({"timestamp": 0, "input_length": 10, "output_length": 1.5, "hash_ids": [0]})")
                 .find("\"output_length\""),
             std::string::npos);
@@ -72,6 +73,8 @@ TEST(Trace, MalformedLinesNameTheLineAndTheField) {
             std::string::npos);
   EXPECT_NE(error(R"({"timestamp": 0, "input_length": 1025, "output_length": 1, "hash_ids": [0, 1]})")
                 .find("w.jsonl:2: input_length 1025 needs more than the 2 blocks"),
+            std::string::npos);
+  EXPECT_NE(error_of([&] { parse_trace("\n  \n", "empty.jsonl"); }, ErrorKind::kCorrupt).find("no request"),
             std::string::npos);
   // Blank lines count: the error names the line in the file.
   EXPECT_NE(error_of([&] { parse_trace(good + "\n\n\nnope", "b.jsonl"); }, ErrorKind::kCorrupt).find("b.jsonl:4:"),

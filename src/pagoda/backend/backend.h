@@ -84,7 +84,9 @@ class Backend {
   virtual void upload(void* device_dst, const void* host_src, size_t bytes) = 0;
   virtual void download(void* host_dst, const void* device_src, size_t bytes) = 0;
 
-  // The step's metadata, before its first op. The StepBatch must outlive the step's ops.
+  // The step's metadata, before its first op. The StepBatch stays valid while the step's ops are
+  // issued, but the block tables it spans change right after: what a backend reads later (a GPU
+  // running the step asynchronously) it copies here.
   virtual void begin_step(const StepBatch& step) = 0;
 
   // out[i, :] = table[step.tokens[i], :]              table [vocab, hidden], out [rows, hidden]

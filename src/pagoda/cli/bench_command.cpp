@@ -23,10 +23,6 @@
 namespace pagoda::cli {
 namespace {
 
-using Clock = std::chrono::steady_clock;
-
-double seconds_since(Clock::time_point start) { return std::chrono::duration<double>(Clock::now() - start).count(); }
-
 // Peak f32 FMA throughput with all threads (FLOP/s): ten independent AVX2 FMA chains per
 // thread, enough to cover the FMA latency on every core.
 double measure_fma_peak() {
@@ -102,7 +98,7 @@ void register_bench(CLI::App& app) {
   auto flags = std::make_shared<Flags>();
   CLI::App* bench = app.add_subcommand("bench", "benchmarks");
   bench->require_subcommand(1);
-  CLI::App* cmd = bench->add_subcommand("generate", "prefill and decode speed against the memory-bandwidth bound");
+  CLI::App* cmd = bench->add_subcommand("generate", "the CPU backend's prefill and decode speed against its bounds");
   add_model_flags(*cmd, flags->model);
   cmd->add_option("--prompt-tokens", flags->prompt_tokens, "prompt length (default 128)");
   cmd->add_option("--gen-tokens", flags->gen_tokens, "tokens generated per request (default 64)");
@@ -111,6 +107,10 @@ void register_bench(CLI::App& app) {
   cmd->callback([flags] {
     if (flags->prompt_tokens < 1 || flags->gen_tokens < 2 || flags->batch < 1 || flags->batch > 256)
       fail(ErrorKind::kInvalidArgument, "--prompt-tokens >= 1, --gen-tokens >= 2 and --batch in [1, 256] please");
+    // Its bounds are the host's bandwidth and FMA peak: the GPU is `bench throughput`'s.
+    if (flags->model.backend == "cuda")
+      fail(ErrorKind::kInvalidArgument, "bench generate measures the CPU backend; on the GPU use bench throughput");
+    flags->model.backend = "cpu";
     Session session(flags->model);
     const ModelConfig& c = session.model->config();
     if (int64_t(flags->prompt_tokens) + flags->gen_tokens > c.max_context)
@@ -145,7 +145,7 @@ void register_bench(CLI::App& app) {
     std::printf("pagoda bench generate: %s, %d threads, %s\n", cpu_name().c_str(), omp_get_max_threads(),
                 session.checkpoint.path().c_str());
     std::printf("weights %.1f MB (%s); measured read bandwidth %.1f GB/s, f32 FMA peak %.1f GFLOP/s\n",
-                weight_bytes / 1e6, flags->model.weight_dtype.c_str(), bandwidth / 1e9, fma_peak / 1e9);
+                weight_bytes / 1e6, std::string(dtype_name(session.model->weight_dtype())).c_str(), bandwidth / 1e9, fma_peak / 1e9);
     std::printf("%-26s %10s %12s %9s\n", "", "tok/s", "bound tok/s", "of bound");
     auto row = [](const std::string& name, double tps, double bound) {
       std::printf("%-26s %10.1f %12.1f %8.0f%%\n", name.c_str(), tps, bound, 100 * tps / bound);
@@ -159,12 +159,12 @@ void register_bench(CLI::App& app) {
           {"benchmark", "generate"},
           {"command", "pagoda bench generate --prompt-tokens " + std::to_string(flags->prompt_tokens) +
                           " --gen-tokens " + std::to_string(flags->gen_tokens) + " --batch " +
-                          std::to_string(flags->batch) + " --weight-dtype " + flags->model.weight_dtype},
+                          std::to_string(flags->batch) + " --weight-dtype " + std::string(dtype_name(session.model->weight_dtype()))},
           {"commit", git_commit()},
           {"device", cpu_name()},
           {"threads", omp_get_max_threads()},
           {"model", session.checkpoint.path()},
-          {"weight_dtype", flags->model.weight_dtype},
+          {"weight_dtype", dtype_name(session.model->weight_dtype())},
           {"weight_bytes", weight_bytes},
           {"read_bandwidth_bytes_per_s", bandwidth},
           {"fma_peak_flop_per_s", fma_peak},

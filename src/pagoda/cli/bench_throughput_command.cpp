@@ -41,7 +41,6 @@
 namespace pagoda::cli {
 namespace {
 
-using Clock = std::chrono::steady_clock;
 using nlohmann::json;
 
 struct ThroughputFlags {
@@ -80,7 +79,6 @@ struct RunResult {
   int32_t kv_blocks = 0;
 };
 
-double seconds_since(Clock::time_point start) { return std::chrono::duration<double>(Clock::now() - start).count(); }
 
 std::vector<ReplayRequest> offline_workload(int32_t batch, int32_t input, int32_t output, int32_t vocab, uint64_t seed) {
   std::vector<ReplayRequest> requests(static_cast<size_t>(batch));
@@ -336,7 +334,7 @@ void run_throughput(const ThroughputFlags& f, const CLI::App& cmd) {
   std::printf("pagoda bench throughput (%s): %s, %s backend on %s\n", offline ? "offline" : "replay",
               session.checkpoint.path().c_str(), session.backend->name().c_str(), device.c_str());
   std::printf("model: %s, %d layers, %d/%d heads x %d, weights %.2f GB (%s)\n", c.architecture.c_str(), c.num_layers,
-              c.num_q_heads, c.num_kv_heads, c.head_dim, weight_bytes / 1e9, f.model.weight_dtype.c_str());
+              c.num_q_heads, c.num_kv_heads, c.head_dim, weight_bytes / 1e9, std::string(dtype_name(session.model->weight_dtype())).c_str());
   if (offline) {
     std::printf("workload: %d requests x %d input tokens x %d output tokens, all at t = 0\n", f.batch, f.input, f.output);
   } else {
@@ -440,7 +438,7 @@ void run_throughput(const ThroughputFlags& f, const CLI::App& cmd) {
          {{"architecture", c.architecture}, {"layers", c.num_layers}, {"hidden", c.hidden_size},
           {"q_heads", c.num_q_heads}, {"kv_heads", c.num_kv_heads}, {"head_dim", c.head_dim},
           {"intermediate", c.intermediate_size}, {"vocab", c.vocab_size}}},
-        {"weight_dtype", f.model.weight_dtype},
+        {"weight_dtype", dtype_name(session.model->weight_dtype())},
         {"weight_bytes", weight_bytes},
         {"config", config},
         {"figures",

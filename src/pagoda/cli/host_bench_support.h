@@ -3,9 +3,15 @@
 // backend/cuda/bench_support.h.
 #pragma once
 
+#include <chrono>
 #include <string>
 
 namespace pagoda::cli {
+
+using Clock = std::chrono::steady_clock;
+inline double seconds_since(Clock::time_point start) {
+  return std::chrono::duration<double>(Clock::now() - start).count();
+}
 
 // Streaming-read bandwidth of main memory with all threads, in bytes/s: the best of several
 // passes over a buffer far larger than the caches.

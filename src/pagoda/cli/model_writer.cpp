@@ -8,6 +8,7 @@
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
+#include <fstream>
 #include <future>
 #include <memory>
 #include <string_view>
@@ -19,6 +20,7 @@
 #include "pagoda/cli/counter_random.h"
 #include "pagoda/cli/model_presets.h"
 #include "pagoda/core/error.h"
+#include "pagoda/core/fnv1a.h"
 #include "pagoda/core/half.h"
 #include "pagoda/core/progress.h"
 #include "pagoda/tokenizer/byte_unicode.h"
@@ -112,12 +114,6 @@ std::string safetensors_header(const std::vector<TensorSpec>& specs, const Shard
   return text;
 }
 
-uint64_t fnv1a(std::string_view text) {
-  uint64_t h = 0xcbf29ce484222325ull;
-  for (char c : text) h = (h ^ uint8_t(c)) * 0x100000001b3ull;
-  return h;
-}
-
 // Elements [first, first + count) of a tensor. Random values are uniform in [-r, r) with
 // r = sqrt(3) x kWeightStd, a function of (seed, tensor name, index) only.
 void fill_chunk(const TensorSpec& spec, uint64_t seed, int64_t first, int64_t count, DType dtype, uint16_t* out) {
@@ -130,7 +126,7 @@ void fill_chunk(const TensorSpec& spec, uint64_t seed, int64_t first, int64_t co
     std::fill_n(out, count, to_bits(1.f));
     return;
   }
-  const uint64_t stream = mix64(seed) ^ fnv1a(spec.name);
+  const uint64_t stream = mix64(seed) ^ fnv1a(spec.name.data(), spec.name.size());
   const float range = std::sqrt(3.f) * kWeightStd;
 #pragma omp parallel for schedule(static)
   for (int64_t k = 0; k < count; ++k) {
@@ -217,12 +213,26 @@ json tokenizer_json() {
 
 }  // namespace
 
+namespace {
+
+bool written_by_make_model(const fs::path& dir) {
+  std::ifstream in(dir / "config.json");
+  const nlohmann::json config = nlohmann::json::parse(in, nullptr, /*allow_exceptions=*/false);
+  return config.is_object() && config.contains(kMadeByKey);
+}
+
+}  // namespace
+
 uint64_t write_random_checkpoint(const ModelConfig& config, const std::string& dir,
                              const RandomCheckpointOptions& options) {
   if (options.dtype != DType::kF16 && options.dtype != DType::kBF16)
     fail(ErrorKind::kInvalidArgument, "make-model writes f16 or bf16 weights, not {}", dtype_name(options.dtype));
   const fs::path out(dir);
   std::error_code ec;
+  // Rewriting replaces config, tokenizer and every model*.safetensors: only in a folder that is
+  // new, empty, or written by make-model before (its config.json says so), never over a real model.
+  if (fs::is_directory(out, ec) && !fs::is_empty(out, ec) && !written_by_make_model(out))
+    fail(ErrorKind::kInvalidArgument, "'{}' holds files make-model did not write; choose a new or empty folder", dir);
   fs::create_directories(out, ec);
   if (ec || !fs::is_directory(out)) fail(ErrorKind::kInternal, "cannot create the folder '{}'", dir);
 
@@ -238,7 +248,9 @@ uint64_t write_random_checkpoint(const ModelConfig& config, const std::string& d
       fs::remove(entry.path(), ec);
   }
 
-  write_json_file((out / "config.json").string(), hf_config_json(config, options.dtype, kWrittenEosId));
+  nlohmann::json hf_config = hf_config_json(config, options.dtype, kWrittenEosId);
+  hf_config[kMadeByKey] = "pagoda make-model: random weights";
+  write_json_file((out / "config.json").string(), hf_config);
   write_json_file((out / "tokenizer.json").string(), tokenizer_json());
   write_json_file((out / "tokenizer_config.json").string(),
                   {{"tokenizer_class", "PreTrainedTokenizerFast"},

@@ -20,6 +20,8 @@ inline constexpr int32_t kWrittenTokenizerSize = 283;
 // Standard deviation of every weight matrix and bias (uniform values, the range that gives this
 // std): small enough that activations stay finite through 48 layers with norm weights of 1.
 inline constexpr float kWeightStd = 0.02f;
+// The config.json field that marks a folder make-model wrote (and may write again).
+inline constexpr const char* kMadeByKey = "pagoda_make_model";
 
 struct RandomCheckpointOptions {
   DType dtype = DType::kF16;  // f16 or bf16

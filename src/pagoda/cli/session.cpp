@@ -24,25 +24,29 @@ Tokenizer load_tokenizer(const Checkpoint& checkpoint) {
   return Tokenizer::from_json_file((path / "tokenizer.json").string());
 }
 
-DType parse_weight_dtype(const std::string& name) {
+// --weight-dtype: auto is f16, except that a bf16 checkpoint stays bf16 (its values may not fit
+// f16's range, which the GPU backend would otherwise convert every weight and activation to).
+DType parse_weight_dtype(const std::string& name, const Checkpoint& checkpoint) {
   if (name == "f32") return DType::kF32;
   if (name == "f16") return DType::kF16;
   if (name == "bf16") return DType::kBF16;
-  fail(ErrorKind::kInvalidArgument, "--weight-dtype must be f32, f16 or bf16, not '{}'", name);
+  if (name == "auto")
+    return checkpoint.get("model.embed_tokens.weight").type == GgmlType::kBF16 ? DType::kBF16 : DType::kF16;
+  fail(ErrorKind::kInvalidArgument, "--weight-dtype must be auto, f32, f16 or bf16, not '{}'", name);
 }
 
 }  // namespace
 
-std::unique_ptr<Backend> make_backend(const std::string& name, DType weight_dtype) {
+std::unique_ptr<Backend> make_backend(const std::string& name, DType dtype) {
   if (name != "auto" && name != "cpu" && name != "cuda")
     fail(ErrorKind::kInvalidArgument, "--backend must be auto, cpu or cuda, not '{}'", name);
 #ifdef PAGODA_HAVE_CUDA
   if (name == "cuda" || (name == "auto" && cuda::device_available())) {
-    if (weight_dtype == DType::kF32) {
+    if (dtype == DType::kF32) {
       if (name == "cuda") fail(ErrorKind::kInvalidArgument, "the CUDA backend runs f16 or bf16 weights, not f32");
       return std::make_unique<CpuBackend>();
     }
-    return std::make_unique<CudaBackend>(weight_dtype);
+    return std::make_unique<CudaBackend>(dtype);
   }
 #else
   if (name == "cuda") fail(ErrorKind::kUnsupported, "--backend cuda: this pagoda was built without CUDA");
@@ -54,7 +58,8 @@ void add_model_flags(CLI::App& app, ModelFlags& flags) {
   app.add_option("-m,--model", flags.path, "GGUF file or Hugging Face folder (default: SmolLM2-135M-Instruct)");
   app.add_option("--backend", flags.backend, "cpu, cuda, or auto (default: cuda when a GPU is present)");
   app.add_option("--weight-dtype", flags.weight_dtype,
-                 "storage of quantized weights: f16 (default), bf16 or f32; on the GPU, of every weight and activation");
+                 "storage of quantized weights: auto (default: f16, bf16 for a bf16 checkpoint), f16, bf16 or f32; on "
+                 "the GPU, of every weight and activation");
   app.add_option("-t,--threads", flags.threads, "CPU threads (default: all cores)");
   app.add_option("--kv-memory-mb", flags.kv_memory_mb, "memory for the KV cache in MiB (default 1024)");
   app.add_option("--max-batch", flags.max_batch, "sequences in flight (default 16)");
@@ -97,7 +102,7 @@ Session::Session(const ModelFlags& flags)
   if (flags.max_batch < 1 || flags.max_batch > 4096) fail(ErrorKind::kInvalidArgument, "--max-batch must be in [1, 4096]");
   if (flags.step_tokens < 1 || flags.step_tokens > 65536)
     fail(ErrorKind::kInvalidArgument, "--step-tokens must be in [1, 65536]");
-  const DType weight_dtype = parse_weight_dtype(flags.weight_dtype);
+  const DType weight_dtype = parse_weight_dtype(flags.weight_dtype, checkpoint);
   backend = make_backend(flags.backend, weight_dtype);
   model = std::make_unique<Model>(checkpoint, *backend, LoadOptions{.weight_dtype = weight_dtype});
   engine_options = EngineOptions{.kv_memory_bytes = size_t(flags.kv_memory_mb) << 20,

@@ -20,7 +20,7 @@ namespace pagoda::cli {
 struct ModelFlags {
   std::string path;  // empty: the default model
   std::string backend = "auto";  // cpu, cuda, or auto: cuda when built with it and a GPU is present
-  std::string weight_dtype = "f16";
+  std::string weight_dtype = "auto";  // f16, bf16, f32, or auto: see add_model_flags
   int threads = 0;   // 0: all cores
   int kv_memory_mb = 1024;
   int max_batch = 16;
@@ -32,11 +32,11 @@ void add_model_flags(CLI::App& app, ModelFlags& flags);
 // -n binds to params.max_tokens, whose current value is the command's default.
 void add_sampling_flags(CLI::App& app, SamplingParams& params);
 
+// The backend --backend names; on the GPU, dtype is the type of weights, activations and KV.
+std::unique_ptr<Backend> make_backend(const std::string& name, DType dtype);
+
 // The chat format named by --chat-template, else the one the model's template implements; throws
 // Error(kUnsupported) when the model's template is not one pagoda recognises.
-// The backend --backend names; weight_dtype is the GPU backend's activation type.
-std::unique_ptr<Backend> make_backend(const std::string& name, DType weight_dtype);
-
 ChatTemplate choose_chat_template(const std::string& name, const Tokenizer& tokenizer);
 
 struct Session {

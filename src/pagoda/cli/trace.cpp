@@ -34,8 +34,10 @@ TraceEntry parse_entry(std::string_view line, const std::string& where) {
   if (!entry.is_object()) fail(ErrorKind::kCorrupt, "{}: not a JSON object", where);
   TraceEntry e;
   const auto timestamp = entry.find("timestamp");
-  if (timestamp == entry.end() || !timestamp->is_number() || !(timestamp->get<double>() >= 0))
-    fail(ErrorKind::kCorrupt, "{}: \"timestamp\" is missing or not a non-negative number", where);
+  // At most about 30 years: a replay sleeps until each arrival, and a clock's duration must hold it.
+  if (timestamp == entry.end() || !timestamp->is_number() || !(timestamp->get<double>() >= 0) ||
+      !(timestamp->get<double>() <= 1e12))
+    fail(ErrorKind::kCorrupt, "{}: \"timestamp\" is missing or not a number of milliseconds in [0, 1e12]", where);
   e.timestamp_ms = timestamp->get<double>();
   e.input_length = positive_length(entry, "input_length", where);
   e.output_length = positive_length(entry, "output_length", where);
@@ -70,6 +72,7 @@ std::vector<TraceEntry> parse_trace(std::string_view text, const std::string& or
     if (line.find_first_not_of(" \t\r") == std::string_view::npos) continue;
     entries.push_back(parse_entry(line, origin + ":" + std::to_string(line_number)));
   }
+  if (entries.empty()) fail(ErrorKind::kCorrupt, "{}: the trace holds no request", origin);
   return entries;
 }
 
@@ -86,8 +89,8 @@ std::vector<int32_t> trace_block_tokens(int64_t hash_id, int32_t block_tokens, i
 }
 
 Replay build_replay(const std::vector<TraceEntry>& trace, const TraceScaling& s, int32_t vocab, uint64_t seed) {
-  if (!(s.time_scale >= 0) || !std::isfinite(s.time_scale))
-    fail(ErrorKind::kInvalidArgument, "--time-scale must be >= 0, not {}", s.time_scale);
+  if (!(s.time_scale >= 0 && s.time_scale <= 1000))
+    fail(ErrorKind::kInvalidArgument, "--time-scale must be in [0, 1000], not {}", s.time_scale);
   if (!(s.length_scale > 0) || s.length_scale > 16)
     fail(ErrorKind::kInvalidArgument, "--length-scale must be in (0, 16], not {}", s.length_scale);
   if (s.max_requests < 0 || s.max_input < 0 || s.max_output < 0)

@@ -22,8 +22,7 @@ const char* finish_reason_name(FinishReason reason) {
 
 namespace {
 
-// A request without a seed gets one now, so the host sampler and the backend's draw from the same
-// stream of numbers whichever of them samples a step.
+// A request without a seed gets one now: the backend's sampler needs it explicitly.
 SamplingParams with_seed(SamplingParams params) {
   if (!params.seed) params.seed = std::random_device{}();
   return params;
@@ -92,8 +91,10 @@ Engine::Engine(Model& model, const Tokenizer& tokenizer, const EngineOptions& op
       cache_(pool_) {
   model_.allocate_kv_cache(pool_.num_blocks(), options.block_size);
   // Every activation buffer at its largest now: a decode step replayed as a graph keeps using it.
-  const int32_t graph_rows = model_.backend().graph_rows(std::min(options_.max_batch, options_.max_step_tokens));
-  model_.reserve(std::max(options_.max_step_tokens, graph_rows), std::max(options_.max_batch, graph_rows));
+  // A step samples at most one row per sequence it runs.
+  const int32_t max_logit_rows = std::min(options_.max_batch, options_.max_step_tokens);
+  const int32_t graph_rows = model_.backend().graph_rows(max_logit_rows);
+  model_.reserve(std::max(options_.max_step_tokens, graph_rows), std::max(max_logit_rows, graph_rows));
   model_stop_ids_ = tokenizer.stop_ids();
 }
 
@@ -304,16 +305,19 @@ std::vector<TokenEvent> Engine::step() {
                       .want_logits = s.start + s.count == int32_t(seq.tokens.size())});
     if (seq.num_computed < seq.num_prompt) stats_.prompt_tokens += std::min(s.count, seq.num_prompt - seq.num_computed);
   }
-  // Sampling runs on the backend when it can and no request of the step needs the host sampler;
-  // otherwise on the host, from downloaded logits. Either way a request draws the same numbers:
-  // its own seed, one draw per generated token.
-  bool on_backend = model_.backend().can_sample();
+  // A request is sampled by one sampler all its life, so its seed gives the same text whatever it
+  // is batched with: the backend's (a Philox draw keyed by seed and token index) when the backend
+  // samples and the request needs neither penalties nor logprobs, else the host's, from
+  // downloaded logits.
+  const bool backend_samples = model_.backend().can_sample();
+  auto on_backend = [&](const Sequence& seq) { return backend_samples && !needs_host_sampler(seq.params); };
+  bool any_on_backend = false, any_on_host = false;
   std::vector<SamplingRow> rows;
   for (size_t i = 0; i < scheduled.size(); ++i) {
     if (!chunks[i].want_logits) continue;
     const Sequence& seq = *scheduled[i].seq;
     const SamplingParams& p = seq.params;
-    on_backend = on_backend && !needs_host_sampler(p);
+    (on_backend(seq) ? any_on_backend : any_on_host) = true;
     rows.push_back({.temperature = p.temperature < kGreedyBelowTemperature ? 0.f : p.temperature, .top_k = p.top_k,
                     .top_p = p.top_p, .min_p = p.min_p, .seed = *p.seed, .offset = uint64_t(seq.generated())});
   }
@@ -321,11 +325,8 @@ std::vector<TokenEvent> Engine::step() {
   std::vector<int32_t> sampled_tokens;
   try {
     model_.run(chunks);
-    if (on_backend) {
-      sampled_tokens = model_.sample(rows, tokenizer_.vocab_size());
-    } else {
-      logits = model_.download_logits();
-    }
+    if (any_on_backend) sampled_tokens = model_.sample(rows, tokenizer_.vocab_size());
+    if (any_on_host) logits = model_.download_logits();
   } catch (...) {
     // Leave the engine as if the step never ran: the scheduled sequences give their blocks back
     // and wait to be recomputed, and the events already made are reported by the next step.
@@ -336,7 +337,7 @@ std::vector<TokenEvent> Engine::step() {
   ++stats_.steps;
 
   const size_t vocab = size_t(model_.config().vocab_size);
-  std::vector<float> row(on_backend ? 0 : vocab);
+  std::vector<float> row(any_on_host ? vocab : 0);
   size_t logit_row = 0;
   std::vector<Sequence*> finished;
   for (size_t i = 0; i < scheduled.size(); ++i) {
@@ -345,7 +346,7 @@ std::vector<TokenEvent> Engine::step() {
     cache_full_blocks(seq);
     if (!chunks[i].want_logits) continue;
     SampledToken sampled;
-    if (on_backend) {
+    if (on_backend(seq)) {
       sampled.token = sampled_tokens[logit_row];
     } else {
       std::copy_n(logits.begin() + ptrdiff_t(logit_row * vocab), vocab, row.begin());

@@ -24,7 +24,10 @@
 // Reproducibility: each request owns its RNG (mt19937_64 seeded from params.seed) and draws
 // exactly one number per sampled (non-greedy) token, so the same seed gives the same text however
 // requests are batched. The uniform in [0, 1) is formed from the raw 64-bit output by this code,
-// not by std::uniform_real_distribution, whose algorithm differs between standard libraries.
+// not by std::uniform_real_distribution, whose algorithm differs between standard libraries. On a
+// backend that samples (the GPU), the engine gives this sampler only the requests that need
+// penalties or logprobs; the others draw from the backend's counter-based generator instead, so a
+// seed reproduces text on one backend, not across backends.
 //
 // Logprobs are the log-softmax of the distribution actually sampled from (after penalties,
 // temperature and filters), as OpenAI and vLLM report them; filtered-out tokens are not listed.

@@ -7,22 +7,14 @@
 #include <utility>
 
 #include "pagoda/core/error.h"
+#include "pagoda/core/fnv1a.h"
 
 namespace pagoda::kv {
 namespace {
 
-// FNV-1a over the token ids' bytes. A block's children are few, so any spread-out hash will do;
-// collisions cost one extra token comparison, never a wrong match.
-uint64_t hash_tokens(std::span<const int32_t> tokens) {
-  uint64_t h = 0xcbf29ce484222325ull;
-  for (int32_t t : tokens) {
-    for (int byte = 0; byte < 4; ++byte) {
-      h ^= (uint32_t(t) >> (8 * byte)) & 0xffu;
-      h *= 0x100000001b3ull;
-    }
-  }
-  return h;
-}
+// A block's children are few, so any spread-out hash of its token ids will do; collisions cost
+// one extra token comparison, never a wrong match.
+uint64_t hash_tokens(std::span<const int32_t> tokens) { return fnv1a(tokens.data(), tokens.size_bytes()); }
 
 }  // namespace
 

@@ -91,7 +91,7 @@ std::string Metrics::render() const {
           prompt_tokens_);
   counter("pagoda_generation_tokens_total", "tokens generated", generated_tokens_);
   counter("pagoda_prefix_cache_hit_tokens_total",
-          "prompt tokens served from the prefix cache at admission (hit rate: this over prompt tokens submitted)",
+          "prompt tokens served from the prefix cache at admission (pagoda_prompt_tokens_total counts those computed)",
           prefix_cache_hit_tokens_);
   counter("pagoda_client_disconnects_total", "requests cancelled because their client went away",
           client_disconnects_);

@@ -81,11 +81,15 @@ void CudaBackend::check_dtype(const Tensor& t, const char* what) const {
 }
 
 void CudaBackend::begin_step(const StepBatch& step) {
+  graph_step_ = step.graph_rows > 0;
   put<int32_t>(tokens_, step.tokens, stream_);
   put<int32_t>(positions_, step.positions, stream_);
   put<int32_t>(slot_blocks_, step.slot_blocks, stream_);
   put<int32_t>(logit_rows_, step.logit_rows, stream_);
-  if (rope_inv_freq_.size() != step.rope_inv_freq.size()) put<float>(rope_inv_freq_, step.rope_inv_freq, stream_);
+  if (!std::ranges::equal(rope_inv_freq_host_, step.rope_inv_freq)) {
+    rope_inv_freq_host_.assign(step.rope_inv_freq.begin(), step.rope_inv_freq.end());
+    put<float>(rope_inv_freq_, step.rope_inv_freq, stream_);
+  }
 
   num_decode_ = step.decode_batch.num_seqs();
   if (num_decode_ > 0) {
@@ -148,7 +152,7 @@ void CudaBackend::matmul(const Tensor& x, const Tensor& w, const Tensor* bias, T
     fail(ErrorKind::kInternal, "cuda matmul: {} @ {}^T -> {}", x.shape_string(), w.shape_string(), out.shape_string());
   if (x.size(0) == 0) return;
   gemm_.run(x.data, w.data, bias ? bias->data : nullptr, out.data, x.size(0), w.size(0), w.size(1), dtype_, out.dtype,
-            stream_);
+            stream_, /*tune=*/graph_step_);
 }
 
 void CudaBackend::silu_mul(const Tensor& gate_up, Tensor out) {
@@ -160,6 +164,11 @@ void CudaBackend::add(Tensor x, const Tensor& y) { cuda::add(x.data, y.data, x.s
 size_t CudaBackend::allocate_kv_cache(const kv::KvCacheConfig& config) {
   if (config.dtype != dtype_ || config.layout != KvLayout::kHnd)
     fail(ErrorKind::kInternal, "cuda backend: the KV cache is HND of the activation dtype");
+  // The same cache for a new engine: keep it, and the graphs that point into it.
+  if (kv_storage_ && config.num_layers == kv_config_.num_layers && config.num_blocks == kv_config_.num_blocks &&
+      config.block_size == kv_config_.block_size && config.num_kv_heads == kv_config_.num_kv_heads &&
+      config.head_dim == kv_config_.head_dim)
+    return kv_storage_->size();
   drop_graphs();
   kv_storage_.reset();
   kv_layers_.clear();

@@ -93,6 +93,8 @@ class CudaBackend final : public Backend {
   // The step's metadata on the device (begin_step).
   cuda::DeviceArray<int32_t> tokens_, positions_, slot_blocks_, logit_rows_;
   cuda::DeviceArray<float> rope_inv_freq_;
+  std::vector<float> rope_inv_freq_host_;  // what rope_inv_freq_ holds
+  bool graph_step_ = false;                // the step is a padded decode step (GEMMs are tuned)
   cuda::DecodeWorkspace decode_;
   cuda::PrefillWorkspace prefill_;
   int32_t num_decode_ = 0;

@@ -117,7 +117,7 @@ Gemm::Plan& Gemm::plan_for(const Shape& shape, const void* x, const void* w, con
   plan.algo = results[0].algo;
   cudaStreamCaptureStatus capturing = cudaStreamCaptureStatusNone;
   check_cuda(cudaStreamIsCapturing(stream, &capturing), "cudaStreamIsCapturing");
-  if (shape.m <= kTunedRows && found > 1 && capturing == cudaStreamCaptureStatusNone) {
+  if (shape.tune && shape.m <= kTunedRows && found > 1 && capturing == cudaStreamCaptureStatusNone) {
     if (bias) set_desc(plan.desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, bias);
     plan.algo = fastest(plan, results, x, w, out, stream);
   }
@@ -162,7 +162,7 @@ cublasLtMatmulAlgo_t Gemm::fastest(Plan& plan, const std::vector<cublasLtMatmulH
 }
 
 void Gemm::run(const void* x, const void* w, const void* bias, void* out, int64_t m, int64_t n, int64_t k,
-               DType dtype, DType out_dtype, cudaStream_t stream) {
+               DType dtype, DType out_dtype, cudaStream_t stream, bool tune) {
   if (dtype != DType::kF16 && dtype != DType::kBF16) {
     fail(ErrorKind::kUnsupported, "gemm: operands must be f16 or bf16, not {}", dtype_name(dtype));
   }
@@ -177,7 +177,7 @@ void Gemm::run(const void* x, const void* w, const void* bias, void* out, int64_
     fail(ErrorKind::kInvalidArgument, "gemm: operands must be {}-byte aligned", kAlignmentBytes);
   }
   if (m == 0) return;
-  Plan& plan = plan_for(Shape{m, n, k, dtype, out_dtype, bias != nullptr}, x, w, bias, out, stream);
+  Plan& plan = plan_for(Shape{m, n, k, dtype, out_dtype, bias != nullptr, tune}, x, w, bias, out, stream);
   if (bias) set_desc(plan.desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, bias);
   const float alpha = 1.f, beta = 0.f;
   check_cublas(cublasLtMatmul(handle_, plan.desc, &alpha, w, plan.w_layout, x, plan.x_layout, &beta, out,

@@ -3,9 +3,10 @@
 //
 // Algorithm choice, once per (m, n, k, dtype, out_dtype, bias), kept in a map with the matmul
 // descriptor and layouts, so that every later call (every decode step, and the replay of a
-// captured CUDA graph) only enqueues the matmul. For decode-sized m (<= kTunedRows) the first
-// call times up to 32 of cuBLASLt's heuristic picks on the real operands, from a cold
-// L2, and keeps the fastest: there the GEMM is bound by reading w once, and the heuristic's top
+// captured CUDA graph) only enqueues the matmul. When the caller asks (the backend does for the
+// decode steps it replays as graphs: a few batch sizes, run thousands of times) and m <= 256, the
+// first call times up to 32 of cuBLASLt's heuristic picks on the real operands, from a cold L2,
+// and keeps the fastest: there the GEMM is bound by reading w once, and the heuristic's top
 // pick was measured reading Llama-3-8B's projections at 55-81% of the H200's bandwidth (it
 // leaves SMs idle on some shapes and adds split-K reductions on others). Larger m (prefill) takes
 // the top pick: compute-bound tiles are what the heuristic models well, and prefill chunk sizes
@@ -38,14 +39,16 @@ class Gemm {
   // (dtype, or kF32 for the logits). Row-major contiguous, 16-byte aligned, n and k multiples of
   // 8. A bias needs out_dtype == dtype (cuBLASLt's bias has the output's type). One stream at a
   // time: calls share the workspace. Throws pagoda::Error for a shape or type outside this.
+  // tune: time cuBLASLt's candidates the first time this shape is seen (see above).
   void run(const void* x, const void* w, const void* bias, void* out, int64_t m, int64_t n, int64_t k,
-           DType dtype, DType out_dtype, cudaStream_t stream);
+           DType dtype, DType out_dtype, cudaStream_t stream, bool tune = false);
 
  private:
   struct Shape {
     int64_t m, n, k;
     DType dtype, out_dtype;
     bool bias;
+    bool tune;
     auto operator<=>(const Shape&) const = default;
   };
   // Everything cublasLtMatmul needs for one Shape, chosen once; owns its cuBLASLt objects.
