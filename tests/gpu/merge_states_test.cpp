@@ -44,7 +44,7 @@ TEST(GpuMergeStates, MatchesHostMerge) {
   d_o.upload(o);
   d_lse.upload(lse);
   check_cuda(cudaMemset(d_out.data(), 0xff, d_out.bytes()), "memset");
-  merge_partial_states(d_tasks.data(), int(tasks.size()), group, num_q_heads, dim, d_o.data(),
+  merge_partial_states(d_tasks.data(), int(tasks.size()), 1, 0, group, num_q_heads, dim, d_o.data(),
                        d_lse.data(), DType::kF16, d_out.data(), d_out_lse.data(), nullptr);
   check_cuda(cudaDeviceSynchronize(), "sync");
   const std::vector<uint16_t> out = d_out.download();

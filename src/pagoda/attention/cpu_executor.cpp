@@ -1,5 +1,6 @@
 #include "pagoda/attention/cpu_executor.h"
 
+#include <span>
 #include <vector>
 
 #include "pagoda/attention/cpu_group_attention.h"
@@ -35,20 +36,25 @@ void run_items(const DecodePlan& plan, const DecodeBatch& batch, const Attention
   }
 }
 
-void run_merges(const DecodePlan& plan, const AttentionShape& shape, const float* partial_o,
-                const float* partial_lse, float* out, float* lse) {
+// Each task stands for heads_per_task tasks: kv heads kv_head + h, slots shifted by
+// h * head_slot_stride (a prefix plan's per-sequence merges; 1 and 0 for a DecodePlan's).
+void run_merges(const std::vector<MergeTask>& merges, int32_t heads_per_task, int64_t head_slot_stride,
+                const AttentionShape& shape, const float* partial_o, const float* partial_lse, float* out,
+                float* lse) {
   const int32_t group = shape.group_size();
   const int64_t head_dim = shape.head_dim;
-  const int64_t num_merges = int64_t(plan.merges.size());
+  const int64_t num_tasks = int64_t(merges.size()) * heads_per_task;
 #pragma omp parallel for schedule(static)
-  for (int64_t m = 0; m < num_merges; ++m) {
-    const MergeTask& merge = plan.merges[size_t(m)];
+  for (int64_t task = 0; task < num_tasks; ++task) {
+    const MergeTask& merge = merges[size_t(task / heads_per_task)];
+    const int32_t h = int32_t(task % heads_per_task);
+    const int64_t first_slot = merge.partial_begin + h * head_slot_stride;
     for (int32_t r = 0; r < group; ++r) {
-      const int64_t row = int64_t(merge.seq) * shape.num_q_heads + int64_t(merge.kv_head) * group + r;
+      const int64_t row = int64_t(merge.seq) * shape.num_q_heads + int64_t(merge.kv_head + h) * group + r;
       float* o = out + row * head_dim;
       float row_lse = kEmptyLse;  // start from the identity and fold every partial in, in order
       std::fill(o, o + head_dim, 0.f);
-      for (int32_t p = merge.partial_begin; p < merge.partial_begin + merge.num_partials; ++p) {
+      for (int64_t p = first_slot; p < first_slot + merge.num_partials; ++p) {
         const int64_t slot_row = int64_t(p) * group + r;
         merge_state(o, row_lse, partial_o + slot_row * head_dim, partial_lse[slot_row],
                     shape.head_dim);
@@ -70,7 +76,54 @@ void run_decode_cpu(const DecodePlan& plan, const DecodeBatch& batch, const Atte
   dispatch_kv_dtype(kv.dtype, [&]<typename T>() {
     run_items<T>(plan, batch, shape, kv, q, out, lse, partial_o.data(), partial_lse.data());
   });
-  run_merges(plan, shape, partial_o.data(), partial_lse.data(), out, lse);
+  run_merges(plan.merges, 1, 0, shape, partial_o.data(), partial_lse.data(), out, lse);
+}
+
+namespace {
+
+template <typename T>
+void run_prefix_items(const PrefixPlan& plan, const DecodeBatch& batch, const AttentionShape& shape,
+                      const PagedKv& kv, const float* q, float* out, float* lse, float* partial_o,
+                      float* partial_lse) {
+  const int32_t group = shape.group_size();
+  const int64_t head_dim = shape.head_dim;
+  const int64_t num_items = plan.num_items();
+  const std::span<const int32_t> block_ids(batch.block_ids);
+#pragma omp parallel
+  {
+    GroupScratch scratch(group, shape.head_dim, shape.block_size);
+    std::vector<float> row_lse(static_cast<size_t>(group));
+#pragma omp for schedule(dynamic)
+    for (int64_t i = 0; i < num_items; ++i) {
+      const PrefixUnit& unit = plan.units[size_t(i / plan.num_kv_heads)];
+      const int32_t kv_head = int32_t(i % plan.num_kv_heads);
+      const auto blocks = block_ids.subspan(size_t(unit.block_begin));
+      for (int32_t j = 0; j < unit.num_queries; ++j) {
+        const UnitQuery& uq = plan.unit_queries[size_t(unit.query_begin + j)];
+        const int64_t first_row = int64_t(uq.seq) * shape.num_q_heads + int64_t(kv_head) * group;
+        const int64_t slot = int64_t(kv_head) * plan.num_pieces + uq.piece;
+        float* o = uq.piece < 0 ? out + first_row * head_dim : partial_o + slot * group * head_dim;
+        float* l = uq.piece >= 0 ? partial_lse + slot * group : lse ? lse + first_row : row_lse.data();
+        attend_group<T>(kv, kv_head, blocks, 0, unit.num_tokens, q + first_row * head_dim, group,
+                        shape.softmax_scale, o, l, scratch);
+      }
+    }
+  }
+}
+
+}  // namespace
+
+void run_prefix_cpu(const PrefixPlan& plan, const DecodeBatch& batch, const AttentionShape& shape,
+                    const PagedKv& kv, const float* q, float* out, float* lse) {
+  check_pool(kv, shape.num_kv_heads, shape.head_dim, shape.block_size);
+  check_block_ids(batch.block_ids, kv.num_blocks);
+  const int32_t group = shape.group_size();
+  std::vector<float> partial_o(size_t(plan.num_partials()) * size_t(group) * size_t(shape.head_dim));
+  std::vector<float> partial_lse(size_t(plan.num_partials()) * size_t(group));
+  dispatch_kv_dtype(kv.dtype, [&]<typename T>() {
+    run_prefix_items<T>(plan, batch, shape, kv, q, out, lse, partial_o.data(), partial_lse.data());
+  });
+  run_merges(plan.merges, plan.num_kv_heads, plan.num_pieces, shape, partial_o.data(), partial_lse.data(), out, lse);
 }
 
 }  // namespace pagoda::attention

@@ -4,6 +4,7 @@
 
 #include "pagoda/attention/decode_batch.h"
 #include "pagoda/attention/plan.h"
+#include "pagoda/attention/prefix_plan.h"
 #include "pagoda/core/paged_kv.h"
 
 namespace pagoda::attention {
@@ -16,6 +17,11 @@ namespace pagoda::attention {
 // A sequence with no KV gets o = 0 and lse = -inf. Throws Error(kInvalidArgument) when the pool
 // does not match the shape or a block id is outside the pool.
 void run_decode_cpu(const DecodePlan& plan, const DecodeBatch& batch, const AttentionShape& shape,
+                    const PagedKv& kv, const float* q, float* out, float* lse = nullptr);
+
+// The same for a prefix plan (prefix_plan.h): every (unit, kv head) item computes the states of
+// its queries over its KV run, then the merges fold the partial states. Same arguments.
+void run_prefix_cpu(const PrefixPlan& plan, const DecodeBatch& batch, const AttentionShape& shape,
                     const PagedKv& kv, const float* q, float* out, float* lse = nullptr);
 
 }  // namespace pagoda::attention

@@ -5,9 +5,8 @@
 #include "pagoda/core/error.h"
 
 namespace pagoda::attention {
-namespace {
 
-void validate(const DecodeBatch& batch, const AttentionShape& shape) {
+void validate_decode_batch(const DecodeBatch& batch, const AttentionShape& shape) {
   if (shape.num_q_heads <= 0 || shape.num_kv_heads <= 0 || shape.head_dim <= 0 ||
       shape.block_size <= 0 || shape.num_q_heads % shape.num_kv_heads != 0) {
     fail(ErrorKind::kInvalidArgument,
@@ -29,6 +28,8 @@ void validate(const DecodeBatch& batch, const AttentionShape& shape) {
     }
   }
 }
+
+namespace {
 
 // Items the batch makes when every sequence longer than `chunk` is cut into chunk-token pieces.
 int64_t count_items(const DecodeBatch& batch, const AttentionShape& shape, int64_t chunk) {
@@ -71,7 +72,7 @@ int32_t choose_chunk(const DecodeBatch& batch, const AttentionShape& shape,
 
 DecodePlan plan_decode(const DecodeBatch& batch, const AttentionShape& shape,
                        const DeviceInfo& device, const PlanOptions& options) {
-  validate(batch, shape);
+  validate_decode_batch(batch, shape);
   DecodePlan plan;
   plan.kv_tokens_per_item = choose_chunk(batch, shape, device, options);
   const int32_t chunk = plan.kv_tokens_per_item;

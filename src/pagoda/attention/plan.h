@@ -63,6 +63,9 @@ struct DecodePlan {
 
 // Throws Error(kInvalidArgument) when the batch or shape is inconsistent (a sequence with fewer
 // blocks than its length needs, heads that do not divide, ...).
+void validate_decode_batch(const DecodeBatch& batch, const AttentionShape& shape);
+
+// Throws as validate_decode_batch.
 DecodePlan plan_decode(const DecodeBatch& batch, const AttentionShape& shape,
                        const DeviceInfo& device, const PlanOptions& options = {});
 

@@ -22,7 +22,6 @@
 #include "pagoda/core/error.h"
 
 #if PAGODA_HAVE_CUDA
-#include <charconv>
 #include <cstddef>
 #include <cstdint>
 #include <numeric>
@@ -37,6 +36,7 @@
 #include "pagoda/backend/cuda/decode_attention.h"
 #include "pagoda/backend/cuda/device_array.h"
 #include "pagoda/cli/bench_report.h"
+#include "pagoda/cli/head_spec.h"
 #include "pagoda/core/paged_kv.h"
 #endif
 
@@ -69,11 +69,6 @@ struct AttentionBenchFlags {
 // default they run only up to this many KV tokens per step (--baseline-all lifts it).
 constexpr int64_t kBaselineMaxTokens = int64_t(64) * 8192;
 constexpr uint64_t kSeed = 20240531;
-
-struct HeadSpec {
-  int32_t q_heads;
-  int32_t kv_heads;
-};
 
 struct Variant {
   std::string name;
@@ -122,26 +117,6 @@ std::string join(const auto& values) {
     }
   }
   return s;
-}
-
-int32_t parse_positive(std::string_view text, std::string_view spec) {
-  int32_t value = 0;
-  const auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), value);
-  if (ec != std::errc() || end != text.data() + text.size() || value < 1)
-    fail(ErrorKind::kInvalidArgument, "--heads: '{}' is not q_heads/kv_heads (e.g. 32/8)", spec);
-  return value;
-}
-
-HeadSpec parse_heads(const std::string& spec) {
-  const size_t slash = spec.find('/');
-  if (slash == std::string::npos)
-    fail(ErrorKind::kInvalidArgument, "--heads: '{}' is not q_heads/kv_heads (e.g. 32/8)", spec);
-  const std::string_view text(spec);
-  const HeadSpec heads{parse_positive(text.substr(0, slash), spec), parse_positive(text.substr(slash + 1), spec)};
-  if (heads.q_heads % heads.kv_heads != 0)
-    fail(ErrorKind::kInvalidArgument, "--heads {}: {} KV heads do not divide {} query heads", spec, heads.kv_heads,
-         heads.q_heads);
-  return heads;
 }
 
 Variant parse_variant(const std::string& name) {

@@ -185,6 +185,7 @@ void register_bench(CLI::App& app) {
     }
   });
   register_bench_attention(*bench);
+  register_bench_prefix(*bench);
   register_bench_throughput(*bench);
 }
 

@@ -5,6 +5,7 @@
 
 #include "pagoda/backend/cuda/bench_support.h"
 #include "pagoda/backend/cuda/check.h"
+#include "pagoda/backend/cuda/kernels/ptx.cuh"
 
 namespace pagoda::cuda {
 namespace {
@@ -46,6 +47,27 @@ __global__ void __launch_bounds__(kStreamThreads)
   fold(a2, a3);
   fold(a0, a2);
   if (a0.x == 0x9e3779b9u && a0.y == 0x7f4a7c15u && a0.z == 0xf39cc060u && a0.w == 0x5cedc834u) *sink = a0;
+}
+
+constexpr int kMmaThreads = 256;
+constexpr int kMmaChains = 8;  // independent accumulators per warp: enough to hide the mma latency
+
+// kIterations x kMmaChains mma per warp on operands that never change; the conditional store
+// keeps the accumulators (and so every mma) alive and never happens for these inputs.
+template <int kIterations>
+__global__ void __launch_bounds__(kMmaThreads) mma_peak_kernel(float* sink) {
+  const uint32_t a[4] = {threadIdx.x, threadIdx.x + 1, threadIdx.x + 2, threadIdx.x + 3};
+  const uint32_t b0 = 0x3c003c00u, b1 = 0x00010001u;  // small finite halves
+  float acc[kMmaChains][4] = {};
+#pragma unroll 1
+  for (int i = 0; i < kIterations; ++i) {
+#pragma unroll
+    for (int c = 0; c < kMmaChains; ++c) ptx::mma_16x8x16<__half>(acc[c], a, b0, b1);
+  }
+  float total = 0.f;
+#pragma unroll
+  for (int c = 0; c < kMmaChains; ++c) total += acc[c][0] + acc[c][1] + acc[c][2] + acc[c][3];
+  if (total == 1.2345f) *sink = total;
 }
 
 __global__ void sleep_kernel(uint64_t ns) {
@@ -176,6 +198,30 @@ double measure_stream_read_bandwidth(int passes) {
   const std::vector<double> us = timings.elapsed_us();
   const double best_us = *std::min_element(us.begin(), us.end());
   return double(buffer.bytes()) / (best_us * 1e-6);
+}
+
+double measure_mma_peak_flops(int passes) {
+  constexpr int kIterations = 4096;
+  int device = 0, sms = 0, ctas = 0;
+  check_cuda(cudaGetDevice(&device), "cudaGetDevice");
+  check_cuda(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device), "cudaDeviceGetAttribute");
+  check_cuda(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&ctas, mma_peak_kernel<kIterations>, kMmaThreads, 0),
+             "cudaOccupancyMaxActiveBlocksPerMultiprocessor");
+  const unsigned grid = unsigned(sms * std::max(ctas, 1));
+  DeviceArray<float> sink(1);
+  passes = std::max(passes, 1);
+  EventTimings timings(passes);
+  for (int i = 0; i < 20; ++i) mma_peak_kernel<kIterations><<<grid, kMmaThreads>>>(sink.data());  // clocks up
+  for (int pass = 0; pass < passes; ++pass) {
+    timings.start(pass);
+    mma_peak_kernel<kIterations><<<grid, kMmaThreads>>>(sink.data());
+    timings.stop(pass);
+  }
+  check_cuda(cudaGetLastError(), "mma_peak_kernel launch");
+  const std::vector<double> us = timings.elapsed_us();
+  const double best_us = *std::min_element(us.begin(), us.end());
+  const double flops = double(grid) * (kMmaThreads / 32) * kIterations * kMmaChains * (2.0 * 16 * 8 * 16);
+  return flops / (best_us * 1e-6);
 }
 
 L2Flusher::L2Flusher() {

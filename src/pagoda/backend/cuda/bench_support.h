@@ -33,6 +33,11 @@ DeviceSummary describe_current_device();
 // of `passes` timed passes after 300 untimed ones. The buffer is freed before returning.
 double measure_stream_read_bandwidth(int passes = 20);
 
+// Dense fp16 tensor-core rate of mma.sync.m16n8k16 (fp32 accumulate) in FLOP/s: every SM runs
+// warps of independent mma chains on register operands, no memory traffic; the best of `passes`
+// timed passes. The compute bound of attention kernels built on that instruction.
+double measure_mma_peak_flops(int passes = 10);
+
 // Evicts L2 between timed runs by reading a buffer twice the L2 size, so the next run reads its
 // inputs from device memory, as a real decode step whose KV was last touched a layer ago does.
 // A read, not a memset: a write would leave L2 full of dirty lines whose write-back then lands

@@ -21,24 +21,26 @@ constexpr int kMaxDimsPerLane = 8;  // head_dim <= 256
 // exp(-inf - -inf).
 template <typename T>
 __global__ void __launch_bounds__(kWarps * 32)
-    merge_partial_states_kernel(const attention::MergeTask* __restrict__ merges, int group,
-                                int num_q_heads, int head_dim, const float* __restrict__ partial_o,
+    merge_partial_states_kernel(const attention::MergeTask* __restrict__ merges, int heads_per_task,
+                                int64_t head_slot_stride, int group, int num_q_heads, int head_dim, const float* __restrict__ partial_o,
                                 const float* __restrict__ partial_lse, T* __restrict__ out,
                                 float* __restrict__ lse) {
   __shared__ float warp_max[kWarps];
   __shared__ float warp_weight[kWarps];
   extern __shared__ float warp_acc[];  // [kWarps][head_dim]
-  const attention::MergeTask task = merges[blockIdx.x / group];
+  const int task_index = blockIdx.x / group;
+  const attention::MergeTask task = merges[task_index / heads_per_task];
+  const int head = task_index % heads_per_task;  // of the task's kv heads
   const int r = blockIdx.x % group;
   ptx::wait_prerequisite_grid();  // launched early (programmatic dependent launch): wait for the partials
   const int warp = threadIdx.x / 32;
   const int lane = threadIdx.x % 32;
-  const int64_t row = int64_t(task.seq) * num_q_heads + int64_t(task.kv_head) * group + r;
-  const int first = task.partial_begin;
-  const int last = task.partial_begin + task.num_partials;
+  const int64_t row = int64_t(task.seq) * num_q_heads + int64_t(task.kv_head + head) * group + r;
+  const int64_t first = task.partial_begin + head * head_slot_stride;
+  const int64_t last = first + task.num_partials;
 
   float max_lse = -INFINITY;
-  for (int s = first + int(threadIdx.x); s < last; s += kWarps * 32) {
+  for (int64_t s = first + threadIdx.x; s < last; s += kWarps * 32) {
     max_lse = fmaxf(max_lse, partial_lse[int64_t(s) * group + r]);
   }
   for (int offset = 16; offset > 0; offset /= 2) max_lse = fmaxf(max_lse, __shfl_xor_sync(0xffffffffu, max_lse, offset));
@@ -55,7 +57,7 @@ __global__ void __launch_bounds__(kWarps * 32)
   float weight_sum = 0.f;
   float acc[kMaxDimsPerLane] = {};
 #pragma unroll 4
-  for (int s = first + warp; s < last; s += kWarps) {
+  for (int64_t s = first + warp; s < last; s += kWarps) {
     const int64_t slot = int64_t(s) * group + r;
     const float weight = __expf(partial_lse[slot] - max_lse);
     weight_sum += weight;
@@ -85,7 +87,8 @@ __global__ void __launch_bounds__(kWarps * 32)
 
 }  // namespace
 
-void merge_partial_states(const attention::MergeTask* merges, int num_merges, int group,
+void merge_partial_states(const attention::MergeTask* merges, int num_merges, int heads_per_task,
+                          int64_t head_slot_stride, int group,
                           int num_q_heads, int head_dim, const float* partial_o,
                           const float* partial_lse, DType out_dtype, void* out, float* lse,
                           cudaStream_t stream) {
@@ -100,18 +103,20 @@ void merge_partial_states(const attention::MergeTask* merges, int num_merges, in
   attribute.id = cudaLaunchAttributeProgrammaticStreamSerialization;
   attribute.val.programmaticStreamSerializationAllowed = 1;
   cudaLaunchConfig_t config{};
-  config.gridDim = dim3(unsigned(num_merges * group));
+  config.gridDim = dim3(unsigned(int64_t(num_merges) * heads_per_task * group));
   config.blockDim = dim3(kWarps * 32);
   config.dynamicSmemBytes = size_t(kWarps) * size_t(head_dim) * sizeof(float);
   config.stream = stream;
   config.attrs = &attribute;
   config.numAttrs = 1;
   if (out_dtype == DType::kF16) {
-    check_cuda(cudaLaunchKernelEx(&config, merge_partial_states_kernel<__half>, merges, group, num_q_heads,
+    check_cuda(cudaLaunchKernelEx(&config, merge_partial_states_kernel<__half>, merges, heads_per_task,
+                                  head_slot_stride, group, num_q_heads,
                                   head_dim, partial_o, partial_lse, static_cast<__half*>(out), lse),
                "merge_partial_states launch");
   } else {
-    check_cuda(cudaLaunchKernelEx(&config, merge_partial_states_kernel<__nv_bfloat16>, merges, group, num_q_heads,
+    check_cuda(cudaLaunchKernelEx(&config, merge_partial_states_kernel<__nv_bfloat16>, merges, heads_per_task,
+                                  head_slot_stride, group, num_q_heads,
                                   head_dim, partial_o, partial_lse, static_cast<__nv_bfloat16*>(out), lse),
                "merge_partial_states launch");
   }

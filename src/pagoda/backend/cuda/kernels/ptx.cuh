@@ -40,6 +40,13 @@ __device__ __forceinline__ void cp_async_wait() {
   asm volatile("cp.async.wait_group %0;" ::"n"(kPending) : "memory");
 }
 
+// Prefetches the line holding src into L2 marked evict_last: data that other CTAs of the same
+// launch read too should outlive the streamed rest. (A policy operand on cp.async would do the
+// same, but ptxas 13.0 miscompiles selecting between two policies: illegal instruction, H100.)
+__device__ __forceinline__ void prefetch_l2_evict_last(const void* src) {
+  asm volatile("prefetch.global.L2::evict_last [%0];" ::"l"(src) : "memory");
+}
+
 // Asynchronous prefetch of [src, src + bytes) into L2 (sm_90). bytes: a multiple of 16, src
 // 16-byte aligned. Nothing waits for it: a later load simply hits L2.
 __device__ __forceinline__ void prefetch_l2(const void* src, uint32_t bytes) {

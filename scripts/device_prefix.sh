@@ -1,0 +1,60 @@
+#!/usr/bin/env bash
+# Issue 6's GPU session in one call on a lent machine: build, the prefix-attention GPU tests (and
+# the decode and merge tests the change touches), `pagoda bench prefix-attention` on the listed
+# batches, FlashInfer's decode and cascade wrappers on the same batches, and the comparison.
+# Results land in $OUT (default ./device-out).
+#   here:   bash scripts/fetch_device_deps.sh   (and .flashinfer-wheels, see bench/flashinfer_decode.py)
+#   there:  bash scripts/device_prefix.sh        (carry .device-deps and .flashinfer-wheels)
+# Environment:
+#   TREES        ';'-separated batches for both benchmarks [the eight of shared/workloads/README.md]
+#   HEADS        head configurations [32/32,16/8,32/8,64/8]
+#   STEPS        which steps to run [tests bench flashinfer]
+#   GTEST_FILTER the GPU tests to run [*Prefix*:*Merge*:GpuDecode*]
+set -euo pipefail
+cd "$(dirname "$0")/.."
+out=${OUT:-device-out}
+mkdir -p "$out"
+steps=" ${STEPS:-tests bench flashinfer} "
+has() { [[ "$steps" == *" $1 "* ]]; }
+tree_args=()
+[[ -n ${TREES:-} ]] && tree_args=(--tree "$TREES")
+heads=${HEADS:-32/32,16/8,32/8,64/8}
+python=/opt/torch/.venv/bin/python3
+[[ -x $python ]] || python=python3
+nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.max.sm,clocks.max.mem --format=csv | tee "$out/gpu.txt"
+
+# FlashInfer's kernels compile just-in-time (minutes): install and compile them while pagoda builds.
+if has flashinfer; then
+  (
+    $python -m pip install -q --no-index --find-links .flashinfer-wheels --no-deps \
+      flashinfer-python==0.7.0.post1 "apache-tvm-ffi>=0.1.11,<0.2" &&
+      $python bench/flashinfer_prefix.py --compile-only --heads "$heads" --jit-cache /tmp/flashinfer-jit \
+        --out "$out/flashinfer_jit.json"
+  ) >"$out/flashinfer_jit.log" 2>&1 &
+  flashinfer_jit=$!
+fi
+trap '[[ -n ${flashinfer_jit:-} ]] && kill "$flashinfer_jit" 2>/dev/null; true' EXIT
+bash scripts/device_build.sh pagoda gpu_tests 2>&1 | tee "$out/build.log" | tail -n 3
+
+if has tests; then
+  ./build/gpu_tests --gtest_brief=1 --gtest_filter="${GTEST_FILTER:-*Prefix*:*Merge*:GpuDecode*}" \
+    >"$out/gpu_tests.log" 2>&1 || true
+  tail -n 3 "$out/gpu_tests.log"
+  grep -E "^\[  FAILED|Failure|error|Expected|Which is|worst" "$out/gpu_tests.log" | head -n 30 || true
+fi
+
+# The benchmarks time the GPU alone: let the JIT's compilers finish first.
+if has flashinfer; then
+  wait "$flashinfer_jit" || { echo "FlashInfer JIT failed:"; tail -n 20 "$out/flashinfer_jit.log"; }
+fi
+if has bench; then
+  ./build/pagoda bench prefix-attention "${tree_args[@]}" --heads "$heads" --out "$out/prefix_attention.json" \
+    >"$out/bench_prefix.log" 2>&1 || true
+  tail -n 40 "$out/bench_prefix.log"
+fi
+if has flashinfer; then
+  $python bench/flashinfer_prefix.py ${TREES:+--trees "$TREES"} --heads "$heads" --jit-cache /tmp/flashinfer-jit \
+    --out "$out/flashinfer_prefix.json" >"$out/flashinfer_prefix.log" 2>&1 || true
+  tail -n 40 "$out/flashinfer_prefix.log"
+fi
+# The comparison with PAT and the plot: bench/compare_prefix.py, run where ../shared is.

@@ -1,0 +1,336 @@
+#include "pagoda/attention/prefix_plan.h"
+
+#include <algorithm>
+#include <numeric>
+#include <unordered_map>
+
+#include "pagoda/core/error.h"
+
+namespace pagoda::attention {
+namespace {
+
+void validate_options(const PrefixPlanOptions& options) {
+  if (options.m_tiles.empty()) fail(ErrorKind::kInvalidArgument, "prefix plan: no M tile to plan for");
+  for (size_t i = 0; i < options.m_tiles.size(); ++i) {
+    if (options.m_tiles[i] <= 0 || options.m_tiles[i] % 16 != 0 || (i > 0 && options.m_tiles[i] <= options.m_tiles[i - 1])) {
+      fail(ErrorKind::kInvalidArgument, "prefix plan: M tiles must be ascending multiples of 16 (got {})",
+           options.m_tiles[i]);
+    }
+  }
+  if (options.min_kv_tokens_per_unit <= 0 || options.kv_bytes_per_element <= 0) {
+    fail(ErrorKind::kInvalidArgument, "prefix plan: min tokens per unit {} and bytes per element {} must be positive",
+         options.min_kv_tokens_per_unit, options.kv_bytes_per_element);
+  }
+}
+
+// Bytes one query's partial state costs per kv head: fp32 o and lse of its group rows, written by
+// a unit and read back by the merge.
+int64_t partial_bytes(const AttentionShape& shape) {
+  return 2 * int64_t(shape.group_size()) * (shape.head_dim + 1) * 4;
+}
+
+// A run of KV read by a set of queries: the packer's output before row chunking and splitting.
+struct Pack {
+  int32_t block_begin;  // DecodeBatch::block_ids index
+  int32_t num_tokens;
+  int32_t query_begin;  // Packer::pack_queries_
+  int32_t num_queries;
+};
+
+class Packer {
+ public:
+  Packer(const PrefixForest& forest, const DecodeBatch& batch, const AttentionShape& shape,
+         const PrefixPlanOptions& options)
+      : forest_(forest), batch_(batch), shape_(shape), options_(options),
+        max_queries_(std::max(1, options.m_tiles.back() / shape.group_size())) {}
+
+  void run() {
+    for (int32_t root : forest_.roots) pack(root, forest_.nodes[size_t(root)].block_begin);
+  }
+
+  std::vector<Pack> packs;
+  std::vector<int32_t> pack_queries;
+
+ private:
+  int64_t chunks(int64_t queries) const { return (queries + max_queries_ - 1) / max_queries_; }
+
+  // Packs node's subtree, whose queries read KV from block position kv_block (<= the node's
+  // first block when ancestors were merged into it).
+  void pack(int32_t node_index, int32_t kv_block) {
+    const PrefixNode& node = forest_.nodes[size_t(node_index)];
+    const int64_t kv_tokens = node.token_end - int64_t(kv_block) * shape_.block_size;
+    const int64_t token_bytes = 2 * int64_t(shape_.head_dim) * options_.kv_bytes_per_element;
+    const int32_t* q = forest_.queries.data();
+    // Merging a child reads this pack's KV once more per unit of the child's queries, and saves
+    // each of them a partial state (the scheme comparison of the paper, §5.1).
+    auto merge = [&](const PrefixNode& child) {
+      const int64_t saved = child.num_queries() * partial_bytes(shape_);
+      const int64_t extra = kv_tokens * token_bytes * chunks(child.num_queries());
+      return !options_.pack || saved > extra;
+    };
+    for (int32_t c = node.first_child; c >= 0; c = forest_.nodes[size_t(c)].next_sibling) {
+      const PrefixNode& child = forest_.nodes[size_t(c)];
+      if (merge(child)) pack(c, kv_block);
+    }
+    // This pack: the queries that end here and those of the children kept apart, recorded after
+    // the merged children's packs and before the kept children's, so that they are contiguous.
+    const size_t own_begin = pack_queries.size();
+    pack_queries.insert(pack_queries.end(), q + node.query_begin, q + node.query_begin + node.num_ending);
+    for (int32_t c = node.first_child; c >= 0; c = forest_.nodes[size_t(c)].next_sibling) {
+      const PrefixNode& child = forest_.nodes[size_t(c)];
+      if (!merge(child)) pack_queries.insert(pack_queries.end(), q + child.query_begin, q + child.query_end);
+    }
+    const int32_t num_queries = int32_t(pack_queries.size() - own_begin);
+    if (num_queries > 0) {
+      packs.push_back({.block_begin = batch_.block_offsets[size_t(pack_queries[own_begin])] + kv_block,
+                       .num_tokens = int32_t(kv_tokens),
+                       .query_begin = int32_t(own_begin),
+                       .num_queries = num_queries});
+    }
+    for (int32_t c = node.first_child; c >= 0; c = forest_.nodes[size_t(c)].next_sibling) {
+      if (!merge(forest_.nodes[size_t(c)])) pack(c, forest_.nodes[size_t(c)].block_begin);
+    }
+  }
+
+  const PrefixForest& forest_;
+  const DecodeBatch& batch_;
+  const AttentionShape& shape_;
+  const PrefixPlanOptions& options_;
+  const int32_t max_queries_;
+};
+
+// The long-KV split's piece length: the mean unit length, or less when a fair share of the
+// workers' load is less (a batch too small to fill the device), never below the minimum; 0 when
+// no unit is longer.
+int32_t split_length(const std::vector<PrefixUnit>& units, const AttentionShape& shape, const DeviceInfo& device,
+                     const PrefixPlanOptions& options) {
+  if (!options.split || units.empty()) return 0;
+  int64_t total = 0, longest = 0;
+  for (const PrefixUnit& u : units) {
+    total += u.num_tokens;
+    longest = std::max<int64_t>(longest, u.num_tokens);
+  }
+  const int64_t mean = total / int64_t(units.size());
+  const int64_t fair = total * shape.num_kv_heads / std::max(device.num_workers, 1);
+  const int64_t bs = shape.block_size;
+  const int64_t floor = (options.min_kv_tokens_per_unit + bs - 1) / bs * bs;
+  const int64_t length = std::max(floor, (std::min(mean, fair) + bs - 1) / bs * bs);
+  return length < longest ? int32_t(length) : 0;
+}
+
+int32_t select_m_tile(int32_t rows, const std::vector<int32_t>& m_tiles) {
+  for (int32_t m : m_tiles)
+    if (m >= rows) return m;
+  return m_tiles.back();
+}
+
+}  // namespace
+
+PrefixPlan plan_prefix(const DecodeBatch& batch, const AttentionShape& shape, const DeviceInfo& device,
+                       const PrefixPlanOptions& options) {
+  validate_decode_batch(batch, shape);
+  return plan_prefix(build_prefix_forest(batch, shape.block_size), batch, shape, device, options);
+}
+
+PrefixPlan plan_prefix(const PrefixForest& forest, const DecodeBatch& batch, const AttentionShape& shape,
+                       const DeviceInfo& device, const PrefixPlanOptions& options) {
+  validate_decode_batch(batch, shape);
+  validate_options(options);
+  const int32_t group = shape.group_size();
+  const int32_t max_queries = std::max(1, options.m_tiles.back() / group);
+  if (int64_t(group) > options.m_tiles.back()) {
+    fail(ErrorKind::kInvalidArgument, "prefix plan: a GQA group of {} rows exceeds the largest M tile {}", group,
+         options.m_tiles.back());
+  }
+  Packer packer(forest, batch, shape, options);
+  packer.pack_queries.reserve(forest.queries.size() * 4);
+  packer.packs.reserve(forest.nodes.size());
+  packer.run();
+
+  PrefixPlan plan;
+  plan.num_kv_heads = shape.num_kv_heads;
+  plan.group = group;
+  // Row chunks: a pack of n queries becomes ceil(n / max_queries) units of near-equal size.
+  std::vector<PrefixUnit> chunks;
+  chunks.reserve(packer.packs.size() * 2);
+  for (const Pack& pack : packer.packs) {
+    const int32_t num_chunks = (pack.num_queries + max_queries - 1) / max_queries;
+    for (int32_t c = 0; c < num_chunks; ++c) {
+      const int32_t begin = pack.num_queries * c / num_chunks;
+      const int32_t end = pack.num_queries * (c + 1) / num_chunks;
+      chunks.push_back({.block_begin = pack.block_begin,
+                        .num_tokens = pack.num_tokens,
+                        .query_begin = pack.query_begin + begin,
+                        .num_queries = end - begin,
+                        .m_tile = select_m_tile((end - begin) * group, options.m_tiles),
+                        .kv_shared = num_chunks > 1});
+    }
+  }
+
+  // The long-KV split: a unit longer than the piece length becomes equal whole-block pieces, none
+  // shorter than the minimum but the last (a unit just over the piece length is not halved).
+  plan.split_tokens = split_length(chunks, shape, device, options);
+  const int32_t bs = shape.block_size;
+  const int32_t min_piece_blocks = (options.min_kv_tokens_per_unit + bs - 1) / bs;
+  std::vector<int32_t> pieces_of(size_t(batch.num_seqs()), 0);
+  plan.units.reserve(chunks.size() * 2);
+  plan.unit_queries.reserve(packer.pack_queries.size() * 2);
+  for (const PrefixUnit& chunk : chunks) {
+    const int32_t num_pieces =
+        plan.split_tokens > 0 ? (chunk.num_tokens + plan.split_tokens - 1) / plan.split_tokens : 1;
+    const int32_t piece_blocks =
+        std::max(min_piece_blocks, ((chunk.num_tokens + num_pieces - 1) / num_pieces + bs - 1) / bs);
+    for (int32_t begin = 0; begin < chunk.num_tokens; begin += piece_blocks * bs) {
+      PrefixUnit unit = chunk;
+      unit.block_begin += begin / bs;
+      unit.num_tokens = std::min(chunk.num_tokens - begin, piece_blocks * bs);
+      unit.query_begin = int32_t(plan.unit_queries.size());
+      for (int32_t i = 0; i < chunk.num_queries; ++i) {
+        const int32_t seq = packer.pack_queries[size_t(chunk.query_begin + i)];
+        plan.unit_queries.push_back({.seq = seq, .piece = pieces_of[size_t(seq)]++});
+      }
+      plan.units.push_back(unit);
+    }
+  }
+
+  // Partial slots: each sequence read by several units owns a contiguous run of pieces; one read
+  // by a single unit gets its output from it directly.
+  std::vector<int32_t> piece_begin(size_t(batch.num_seqs()), -1);
+  for (int32_t s = 0; s < batch.num_seqs(); ++s) {
+    if (pieces_of[size_t(s)] > 1) {
+      piece_begin[size_t(s)] = plan.num_pieces;
+      plan.num_pieces += pieces_of[size_t(s)];
+    }
+  }
+  for (UnitQuery& uq : plan.unit_queries) {
+    uq.piece = piece_begin[size_t(uq.seq)] < 0 ? -1 : piece_begin[size_t(uq.seq)] + uq.piece;
+  }
+  for (int32_t s = 0; s < batch.num_seqs(); ++s) {
+    const int32_t pieces = pieces_of[size_t(s)];
+    if (pieces == 1) continue;  // written by its unit
+    plan.merges.push_back({.seq = s, .kv_head = 0, .partial_begin = pieces > 1 ? piece_begin[size_t(s)] : 0,
+                           .num_partials = pieces});
+  }
+
+  // Launch order: the longest units first, a run's row chunks together (stable: they are
+  // consecutive already; units of one length by first block, or a split run's chunks would
+  // interleave with their other pieces).
+  std::vector<int32_t> order(plan.units.size());
+  std::iota(order.begin(), order.end(), 0);
+  std::stable_sort(order.begin(), order.end(), [&](int32_t a, int32_t b) {
+    const PrefixUnit &x = plan.units[size_t(a)], &y = plan.units[size_t(b)];
+    return x.num_tokens != y.num_tokens ? x.num_tokens > y.num_tokens : x.block_begin < y.block_begin;
+  });
+  std::vector<PrefixUnit> ordered(plan.units.size());
+  for (size_t i = 0; i < order.size(); ++i) ordered[i] = plan.units[size_t(order[i])];
+  plan.units = std::move(ordered);
+  return plan;
+}
+
+DecodeBatch cascade_batch(const std::vector<int32_t>& shared_blocks, int32_t shared_tokens,
+                          const std::vector<std::vector<int32_t>>& suffix_blocks,
+                          const std::vector<int32_t>& suffix_tokens, int32_t block_size) {
+  if (block_size <= 0 || shared_tokens < 0 || int64_t(shared_blocks.size()) * block_size != shared_tokens) {
+    fail(ErrorKind::kInvalidArgument, "cascade: a shared prefix of {} tokens does not fill {} blocks of {}",
+         shared_tokens, shared_blocks.size(), block_size);
+  }
+  if (suffix_blocks.size() != suffix_tokens.size()) {
+    fail(ErrorKind::kInvalidArgument, "cascade: {} suffix block lists for {} suffix lengths", suffix_blocks.size(),
+         suffix_tokens.size());
+  }
+  DecodeBatch batch;
+  std::vector<int32_t> table;
+  for (size_t r = 0; r < suffix_blocks.size(); ++r) {
+    table = shared_blocks;
+    table.insert(table.end(), suffix_blocks[r].begin(), suffix_blocks[r].end());
+    batch.add_sequence(table, shared_tokens + suffix_tokens[r]);
+  }
+  return batch;
+}
+
+PlanTraffic plan_traffic(const PrefixPlan& plan, const AttentionShape& shape, int32_t bytes_per_element) {
+  PlanTraffic t;
+  const int64_t heads = shape.num_kv_heads;
+  for (const PrefixUnit& u : plan.units) {
+    t.kv += int64_t(u.num_tokens) * 2 * shape.head_dim * bytes_per_element * heads;
+    t.q += int64_t(u.num_queries) * shape.group_size() * shape.head_dim * bytes_per_element * heads;
+  }
+  t.partial = int64_t(plan.num_partials()) * partial_bytes(shape);
+  int32_t num_seqs = 0;
+  for (const UnitQuery& uq : plan.unit_queries) num_seqs = std::max(num_seqs, uq.seq + 1);
+  for (const MergeTask& m : plan.merges) num_seqs = std::max(num_seqs, m.seq + 1);
+  t.out = int64_t(num_seqs) * shape.num_q_heads * shape.head_dim * bytes_per_element;
+  return t;
+}
+
+int64_t unique_kv_tokens(const DecodeBatch& batch, int32_t block_size) {
+  std::unordered_map<int32_t, int32_t> tokens_of_block;
+  for (int32_t s = 0; s < batch.num_seqs(); ++s) {
+    const auto blocks = batch.blocks_of(s);
+    const int32_t length = batch.kv_lengths[size_t(s)];
+    for (int32_t b = 0; int64_t(b) * block_size < length; ++b) {
+      int32_t& tokens = tokens_of_block[blocks[size_t(b)]];
+      tokens = std::max(tokens, std::min(block_size, length - b * block_size));
+    }
+  }
+  int64_t total = 0;
+  for (const auto& [block, tokens] : tokens_of_block) total += tokens;
+  return total;
+}
+
+PrefixPlanner::PrefixPlanner(const AttentionShape& shape, const DeviceInfo& device, PrefixPlanOptions options)
+    : shape_(shape), device_(device), options_(std::move(options)) {}
+
+// The usual decode step: every sequence kept its blocks and grew by appending to the end of its
+// own table. When each grown sequence is the only query of a node with no children (its private
+// leaf), the forest stays the same but for that node's end.
+bool PrefixPlanner::grow_in_place(const DecodeBatch& batch) {
+  if (batch.num_seqs() != batch_.num_seqs()) return false;
+  const int32_t bs = shape_.block_size;
+  for (int32_t s = 0; s < batch.num_seqs(); ++s) {
+    const int32_t old_length = batch_.kv_lengths[size_t(s)];
+    const int32_t new_length = batch.kv_lengths[size_t(s)];
+    const auto old_blocks = batch_.blocks_of(s);
+    const auto new_blocks = batch.blocks_of(s);
+    const int32_t old_used = (old_length + bs - 1) / bs;
+    if (new_length < old_length || int64_t(new_blocks.size()) * bs < new_length) return false;
+    if (!std::equal(old_blocks.begin(), old_blocks.begin() + old_used, new_blocks.begin())) return false;
+    if (new_length != old_length && (old_length == 0 || leaf_of_[size_t(s)] < 0)) return false;
+  }
+  for (int32_t s = 0; s < batch.num_seqs(); ++s) {
+    const int32_t length = batch.kv_lengths[size_t(s)];
+    if (length == batch_.kv_lengths[size_t(s)]) continue;
+    PrefixNode& leaf = forest_.nodes[size_t(leaf_of_[size_t(s)])];
+    leaf.block_end = (length + bs - 1) / bs;
+    leaf.token_end = length;
+  }
+  batch_ = batch;
+  return true;
+}
+
+const PrefixPlan& PrefixPlanner::plan(const DecodeBatch& batch) {
+  if (valid_ && batch.block_ids == batch_.block_ids && batch.block_offsets == batch_.block_offsets &&
+      batch.kv_lengths == batch_.kv_lengths) {
+    last_update_ = Update::kReused;
+    return plan_;
+  }
+  validate_decode_batch(batch, shape_);  // before grow_in_place indexes the new tables
+  if (valid_ && grow_in_place(batch)) {
+    last_update_ = Update::kGrown;
+  } else {
+    batch_ = batch;
+    forest_ = build_prefix_forest(batch_, shape_.block_size);
+    leaf_of_.assign(size_t(batch_.num_seqs()), -1);
+    for (size_t n = 0; n < forest_.nodes.size(); ++n) {
+      const PrefixNode& node = forest_.nodes[n];
+      if (node.num_queries() == 1 && node.first_child < 0) leaf_of_[size_t(forest_.queries[size_t(node.query_begin)])] = int32_t(n);
+    }
+    last_update_ = Update::kRebuilt;
+  }
+  valid_ = false;  // stays false if planning throws
+  plan_ = plan_prefix(forest_, batch_, shape_, device_, options_);
+  valid_ = true;
+  return plan_;
+}
+
+}  // namespace pagoda::attention

@@ -1,0 +1,134 @@
+// The prefix-aware decode planner (papers/pat-prefix-aware-attention.txt, pack stage; the
+// cascade paper's shared-prefix attention is its two-level case). Block tables in, work out:
+//   1. the prefix forest of the batch (prefix_forest.h);
+//   2. packing: every node's queries read the node's KV together, once, in one unit; a child is
+//      merged into its parent's unit (the unit reads the parent's KV again, for the child's
+//      queries alone) when that costs fewer bytes than the partial states it saves, the paper's
+//      scheme comparison with this engine's byte counts (PrefixPlanOptions);
+//   3. row chunking: a unit holds at most max_rows query rows (queries x GQA group, the M tile);
+//      a node with more queries is read by several units, marked kv_shared so its KV stays in L2;
+//   4. the long-KV split: units longer than the batch mean (or than a fair share of the device)
+//      are cut into equal pieces, so no worker finishes long after the others;
+//   5. merges: a query covered by several units gets one partial state per unit and a merge task
+//      per kv head (merge.h's ⊕); a query covered by one unit gets its output straight from it.
+// The plan reads block ids and lengths only. Kernels run its items in order (item i: unit
+// i / num_kv_heads for kv head i % num_kv_heads), then its merges.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "pagoda/attention/decode_batch.h"
+#include "pagoda/attention/plan.h"
+#include "pagoda/attention/prefix_forest.h"
+
+namespace pagoda::attention {
+
+struct PrefixPlanOptions {
+  // false: no packing, one unit per query over its whole KV (what packing is measured against).
+  bool pack = true;
+  // false: no long-KV split (every unit reads its whole node run in one piece).
+  bool split = true;
+  // The M tiles the executor has, ascending (the tile selector rounds a unit's rows up to one);
+  // the largest bounds the rows of a unit.
+  std::vector<int32_t> m_tiles{16, 32, 64, 128};
+  int32_t min_kv_tokens_per_unit = 128;  // the split never cuts pieces shorter (rounded to blocks)
+  int32_t kv_bytes_per_element = 2;      // f16/bf16 KV: the byte model's weight of KV reads
+};
+
+struct PrefixUnit {
+  int32_t block_begin;  // index in DecodeBatch::block_ids of the first block read, from slot 0
+  int32_t num_tokens;   // KV tokens read from there on
+  int32_t query_begin;  // PrefixPlan::unit_queries[query_begin, query_begin + num_queries)
+  int32_t num_queries;
+  int32_t m_tile;     // tensor-core rows: the smallest of options.m_tiles >= num_queries * group
+  int32_t kv_shared;  // 1: other units read the same KV tokens (keep them in L2), else 0
+};
+
+struct UnitQuery {
+  int32_t seq;
+  int32_t piece;  // -1: the unit covers all of seq's KV and writes its output rows; else the
+                  // partial slot of (seq, kv head h) is h * PrefixPlan::num_pieces + piece
+};
+
+struct PrefixPlan {
+  // In launch order: the longest first (a worker that starts a long unit late finishes late),
+  // row chunks of one KV run side by side (they read it together, while it is in L2).
+  std::vector<PrefixUnit> units;
+  std::vector<UnitQuery> unit_queries;
+  // One per sequence with several pieces, or with no KV at all (num_partials 0: the merge writes
+  // the empty state, o = 0 and lse = -inf), with kv_head 0: it stands for one task per kv head h,
+  // folding slots partial_begin + h * num_pieces + [0, num_partials). Run after every item.
+  std::vector<MergeTask> merges;
+  int32_t num_pieces = 0;  // partial slots per kv head
+  int32_t num_kv_heads = 0;
+  int32_t group = 0;
+  int32_t split_tokens = 0;  // the long-KV split's piece length, 0 when nothing was split
+
+  // Partial-state scratch the executor provides, as for DecodePlan:
+  //   o [num_partials, group, head_dim] fp32, lse [num_partials, group] fp32.
+  int32_t num_partials() const { return num_pieces * num_kv_heads; }
+  int64_t num_items() const { return int64_t(units.size()) * num_kv_heads; }
+};
+
+// Bytes a plan moves through device memory in one layer, by what they are.
+struct PlanTraffic {
+  int64_t kv = 0;       // K and V tokens of every item
+  int64_t q = 0;        // query rows of every item
+  int64_t partial = 0;  // partial states written by items and read by merges (fp32 o and lse)
+  int64_t out = 0;      // output rows written once
+  int64_t total() const { return kv + q + partial + out; }
+};
+
+// Throws Error(kInvalidArgument) when the batch or shape is inconsistent (as plan_decode) or the
+// options are (no m tile, a tile not a positive multiple of 16).
+PrefixPlan plan_prefix(const DecodeBatch& batch, const AttentionShape& shape, const DeviceInfo& device,
+                       const PrefixPlanOptions& options = {});
+
+// The same plan from a forest already built for this batch.
+PrefixPlan plan_prefix(const PrefixForest& forest, const DecodeBatch& batch, const AttentionShape& shape,
+                       const DeviceInfo& device, const PrefixPlanOptions& options = {});
+
+// Cascade attention (papers/cascade-inference-shared-prefix.txt): every request reads one shared
+// prefix (shared_blocks, shared_tokens) and then its own suffix. The batch it builds, planned by
+// plan_prefix like any other: the prefix is a root node read once for all requests.
+//   suffix_blocks[r]: request r's own blocks; suffix_tokens[r]: its tokens in them.
+// shared_tokens must fill shared_blocks exactly (a multiple of block_size).
+DecodeBatch cascade_batch(const std::vector<int32_t>& shared_blocks, int32_t shared_tokens,
+                          const std::vector<std::vector<int32_t>>& suffix_blocks,
+                          const std::vector<int32_t>& suffix_tokens, int32_t block_size);
+
+PlanTraffic plan_traffic(const PrefixPlan& plan, const AttentionShape& shape, int32_t bytes_per_element);
+
+// KV tokens the batch holds once each: every distinct block counted once, at the most tokens any
+// sequence reads from it. unique tokens x 2 x kv heads x head_dim x bytes is the bound's numerator.
+int64_t unique_kv_tokens(const DecodeBatch& batch, int32_t block_size);
+
+// Keeps the last batch's forest and plan: a step whose block tables are unchanged gets the same
+// plan back without planning, and a step in which sequences only grew at their private ends (a
+// token or a new block appended: the usual decode step) updates the forest in place and repacks,
+// skipping the forest build. Anything else plans from scratch.
+class PrefixPlanner {
+ public:
+  PrefixPlanner(const AttentionShape& shape, const DeviceInfo& device, PrefixPlanOptions options = {});
+
+  const PrefixPlan& plan(const DecodeBatch& batch);
+
+  enum class Update : uint8_t { kReused, kGrown, kRebuilt };
+  Update last_update() const { return last_update_; }
+
+ private:
+  bool grow_in_place(const DecodeBatch& batch);
+
+  AttentionShape shape_;
+  DeviceInfo device_;
+  PrefixPlanOptions options_;
+  DecodeBatch batch_;
+  PrefixForest forest_;
+  std::vector<int32_t> leaf_of_;  // per sequence: its node when it is that node's only query, else -1
+  PrefixPlan plan_;
+  bool valid_ = false;
+  Update last_update_ = Update::kRebuilt;
+};
+
+}  // namespace pagoda::attention

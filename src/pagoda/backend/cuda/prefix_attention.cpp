@@ -1,0 +1,145 @@
+#include "pagoda/backend/cuda/prefix_attention.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <bit>
+#include <climits>
+#include <numbers>
+
+#include "pagoda/backend/cuda/check.h"
+#include "pagoda/backend/cuda/decode_attention.h"
+#include "pagoda/backend/cuda/kernels/prefix_launch.h"
+#include "pagoda/backend/cuda/merge_states.h"
+#include "pagoda/core/error.h"
+
+namespace pagoda::cuda {
+namespace {
+
+// Constraint ②'s latency: what one load takes from issue to use under full load on HBM3/HBM3e.
+constexpr double kMemoryLatencySeconds = 1e-6;
+
+int device_attribute(cudaDeviceAttr attribute) {
+  int device = 0, value = 0;
+  check_cuda(cudaGetDevice(&device), "cudaGetDevice");
+  check_cuda(cudaDeviceGetAttribute(&value, attribute, device), "cudaDeviceGetAttribute");
+  return value;
+}
+
+}  // namespace
+
+PrefixTiles prefix_tiles(const attention::AttentionShape& shape, DType dtype) {
+  const PrefixKernelResources kernel = prefix_kernel_resources(dtype, shape.head_dim);
+  const int sms = device_attribute(cudaDevAttrMultiProcessorCount);
+  const int64_t smem_limit = device_attribute(cudaDevAttrMaxSharedMemoryPerBlockOptin);
+  const double peak_bandwidth = double(device_attribute(cudaDevAttrMemoryClockRate)) * 1e3 * 2 *
+                                device_attribute(cudaDevAttrGlobalMemoryBusWidth) / 8;
+  const int64_t row_bytes = int64_t(shape.head_dim) * int64_t(dtype_size(dtype));
+  PrefixTiles tiles{.kv_tile_tokens = kernel.tile_tokens, .stages = kernel.stages, .ctas_per_sm = kernel.ctas_per_sm};
+  tiles.workers = sms * std::max(kernel.ctas_per_sm, 1);
+  tiles.bytes_in_flight = int64_t(tiles.workers) * (kernel.stages - 1) * 2 * kernel.tile_tokens * row_bytes;
+  tiles.latency_bandwidth_bytes = int64_t(kMemoryLatencySeconds * peak_bandwidth);
+  for (int32_t m : {16, 32, 64, 128}) {
+    // ① The Q slot of an M-row tile in every stage, next to the kernel's K/V tiles and ⊕ buffer.
+    const int64_t smem = kernel.smem_bytes + int64_t(kernel.stages) * (m - kernel.max_rows) * row_bytes;
+    std::string why;
+    if (smem > smem_limit) {
+      why = fmt::format("{} B of shared memory > {} (constraint 1)", smem, smem_limit);
+    } else if (m > kernel.max_rows) {
+      why = fmt::format("two m16 fragments per warp need more than 255 registers (constraint 1; {} now)",
+                        kernel.registers);
+    } else if (kernel.spill_bytes > 0) {
+      why = fmt::format("the kernel spills {} B per thread (constraint 1)", kernel.spill_bytes);
+    } else if (tiles.bytes_in_flight < tiles.latency_bandwidth_bytes) {
+      why = fmt::format("{} B in flight < latency x bandwidth {} B (constraint 2)", tiles.bytes_in_flight,
+                        tiles.latency_bandwidth_bytes);
+    }
+    if (why.empty()) {
+      tiles.m_tiles.push_back(m);
+    } else {
+      tiles.rejected += fmt::format("{}M={}: {}", tiles.rejected.empty() ? "" : "; ", m, why);
+    }
+  }
+  if (tiles.m_tiles.empty()) fail(ErrorKind::kUnsupported, "prefix attention: no feasible tile ({})", tiles.rejected);
+  return tiles;
+}
+
+attention::PrefixPlanOptions prefix_plan_options(const PrefixTiles& tiles) {
+  return {.m_tiles = tiles.m_tiles};
+}
+
+attention::DeviceInfo prefix_device_info(const PrefixTiles& tiles) { return {.num_workers = tiles.workers}; }
+
+const char* prefix_unsupported_reason(const attention::AttentionShape& shape, const PagedKv& kv) {
+  if (const char* reason = decode_unsupported_reason(shape, kv)) return reason;
+  if (shape.head_dim != 64 && shape.head_dim != 128) return "head_dim must be 64 or 128";
+  return nullptr;
+}
+
+void PrefixWorkspace::upload(const attention::PrefixPlan& plan, const attention::DecodeBatch& batch,
+                             const attention::AttentionShape& shape, const PrefixTiles& tiles,
+                             cudaStream_t stream) {
+  units.upload(plan.units, stream);
+  unit_queries.upload(plan.unit_queries, stream);
+  merges.upload(plan.merges, stream);
+  block_ids.upload(batch.block_ids, stream);
+  group_size = shape.num_kv_heads > 0 ? shape.group_size() : 0;
+  head_dim = shape.head_dim;
+  num_pieces = plan.num_pieces;
+  num_kv_heads = shape.num_kv_heads;
+  workers = tiles.workers;
+  const size_t group = size_t(std::max(group_size, 1));
+  partial_o.resize(size_t(plan.num_partials()) * group * size_t(std::max(head_dim, 0)));
+  partial_lse.resize(size_t(plan.num_partials()) * group);
+  max_block_id = batch.block_ids.empty() ? -1 : *std::ranges::max_element(batch.block_ids);
+  min_block_id = batch.block_ids.empty() ? 0 : *std::ranges::min_element(batch.block_ids);
+}
+
+void prefix_attention(PrefixWorkspace& workspace, const attention::AttentionShape& shape, const PagedKv& kv,
+                      const void* q, void* out, float* lse, cudaStream_t stream) {
+  if (const char* reason = prefix_unsupported_reason(shape, kv)) {
+    fail(ErrorKind::kUnsupported, "prefix attention on the GPU: {}", reason);
+  }
+  if (workspace.group_size != shape.group_size() || workspace.head_dim != shape.head_dim) {
+    fail(ErrorKind::kInvalidArgument,
+         "prefix attention: the workspace was uploaded for group {} and head_dim {}, not {} and {}",
+         workspace.group_size, workspace.head_dim, shape.group_size(), shape.head_dim);
+  }
+  if (workspace.min_block_id < 0 || workspace.max_block_id >= kv.num_blocks) {
+    fail(ErrorKind::kInvalidArgument, "prefix attention: block ids [{}, {}] outside the pool's {} blocks",
+         workspace.min_block_id, workspace.max_block_id, kv.num_blocks);
+  }
+  const int64_t num_items = int64_t(workspace.units.size()) * shape.num_kv_heads;
+  if (num_items > INT32_MAX) fail(ErrorKind::kInvalidArgument, "prefix attention: {} work items", num_items);
+  if (num_items > 0) {
+    const PrefixParams params{
+        .units = workspace.units.data(),
+        .unit_queries = workspace.unit_queries.data(),
+        .block_ids = workspace.block_ids.data(),
+        .k = kv.k,
+        .v = kv.v,
+        .page_stride = kv.page_stride,
+        .head_stride = kv.head_stride,
+        .token_stride = kv.token_stride,
+        .block_size_log2 = std::countr_zero(uint32_t(shape.block_size)),
+        .q = q,
+        .out = out,
+        .lse = lse,
+        .partial_o = workspace.partial_o.data(),
+        .partial_lse = workspace.partial_lse.data(),
+        .num_items = int32_t(num_items),
+        .num_q_heads = shape.num_q_heads,
+        .num_kv_heads = shape.num_kv_heads,
+        .group = shape.group_size(),
+        .num_pieces = workspace.num_pieces,
+        .scale_log2 = shape.softmax_scale * std::numbers::log2e_v<float>,
+    };
+    launch_prefix_tiled(kv.dtype, shape.head_dim, params, int(std::min<int64_t>(num_items, std::max(workspace.workers, 1))), stream);
+  }
+  merge_partial_states(workspace.merges.data(), int(workspace.merges.size()), shape.num_kv_heads,
+                       workspace.num_pieces, shape.group_size(),
+                       shape.num_q_heads, shape.head_dim, workspace.partial_o.data(),
+                       workspace.partial_lse.data(), kv.dtype, out, lse, stream);
+}
+
+}  // namespace pagoda::cuda

@@ -1,0 +1,80 @@
+// Prefix-aware decode attention on the GPU: runs a PrefixPlan (attention/prefix_plan.h) over one
+// layer's paged pools with prefix_tiled_kernel (one persistent launch over the plan's mixed work
+// items, kernels/prefix_tiled.cuh), then the plan's merges (merge_states.h).
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "pagoda/attention/decode_batch.h"
+#include "pagoda/attention/prefix_plan.h"
+#include "pagoda/backend/cuda/device_array.h"
+#include "pagoda/core/paged_kv.h"
+
+namespace pagoda::cuda {
+
+// The tile selector's table for one shape on the current device: which M tiles (query rows per
+// work item) the kernel can run, derived from the PAT paper's constraints, and how many workers
+// the persistent grid has. The KV tile is fixed at 64 tokens per stage; the M tile decides how
+// the 4 warps split it (M / 16 warps own 16 rows each, the others split the tokens).
+//   ① shared memory: stages x (K + V tile + an M-row Q slot) + the warps' ⊕ buffer must fit a
+//     CTA's opt-in limit; registers: one m16 fragment per warp (M <= 64) keeps the kernel under
+//     255 registers without spilling (checked on the compiled kernel); M = 128 would need two
+//     fragments per warp, 64 more accumulator and 32 more Q registers per thread, past that limit
+//     at head_dim 128.
+//   ② bytes in flight: SMs x CTAs x (stages - 1) x KV tile bytes >= latency x bandwidth (1 µs x the
+//     device's peak), so that the pipeline alone can saturate memory.
+//   ③ tensor-core shape: M a multiple of 16 (the m16n8k16 fragment).
+struct PrefixTiles {
+  std::vector<int32_t> m_tiles;  // feasible, ascending
+  int32_t kv_tile_tokens = 0;
+  int32_t stages = 0;
+  int32_t ctas_per_sm = 0;
+  int32_t workers = 0;  // SMs x CTAs per SM: the persistent grid
+  int64_t bytes_in_flight = 0;
+  int64_t latency_bandwidth_bytes = 0;
+  std::string rejected;  // each M tile left out and the constraint that rules it out
+};
+PrefixTiles prefix_tiles(const attention::AttentionShape& shape, DType dtype);
+
+// PrefixPlanOptions and DeviceInfo that plan for the kernel of these tiles.
+attention::PrefixPlanOptions prefix_plan_options(const PrefixTiles& tiles);
+attention::DeviceInfo prefix_device_info(const PrefixTiles& tiles);
+
+// Null when the kernel supports this shape and KV pool (f16 or bf16, head_dim 64 or 128, block
+// size 16, 32 or 64, GQA group 1 to 8, a device pool with 16-byte aligned rows); otherwise why not.
+const char* prefix_unsupported_reason(const attention::AttentionShape& shape, const PagedKv& kv);
+
+// What a step's prefix attention reads from device memory, uploaded once per step and shared by
+// every layer.
+struct PrefixWorkspace {
+  DeviceArray<attention::PrefixUnit> units;
+  DeviceArray<attention::UnitQuery> unit_queries;
+  DeviceArray<attention::MergeTask> merges;
+  DeviceArray<int32_t> block_ids;
+  DeviceArray<float> partial_o;    // [num_partials, group, head_dim]
+  DeviceArray<float> partial_lse;  // [num_partials, group]
+  int32_t group_size = 0;  // of the shape uploaded with: prefix_attention checks it is the same
+  int32_t head_dim = 0;
+  int32_t num_pieces = 0;
+  int32_t num_kv_heads = 0;
+  int32_t workers = 0;  // the persistent grid, from the tiles the plan was made for
+  int32_t min_block_id = 0;
+  int32_t max_block_id = -1;
+
+  void upload(const attention::PrefixPlan& plan, const attention::DecodeBatch& batch,
+              const attention::AttentionShape& shape, const PrefixTiles& tiles, cudaStream_t stream = nullptr);
+};
+
+// Runs the uploaded plan, then its merges. Arguments as decode_attention (decode_attention.h):
+//   q, out: [num_seqs, num_q_heads, head_dim] of kv.dtype; lse: [num_seqs, num_q_heads] fp32 or null.
+// Throws Error(kUnsupported) with prefix_unsupported_reason, Error(kInvalidArgument) when the
+// workspace was uploaded for another shape or names blocks outside the pool, or the plan has more
+// than 2^31 items.
+void prefix_attention(PrefixWorkspace& workspace, const attention::AttentionShape& shape, const PagedKv& kv,
+                      const void* q, void* out, float* lse, cudaStream_t stream = nullptr);
+
+}  // namespace pagoda::cuda

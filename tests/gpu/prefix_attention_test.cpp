@@ -1,0 +1,286 @@
+// Prefix-aware decode attention on the GPU (backend/cuda/prefix_attention.h) against the CPU:
+//   - every batch of shared/workloads/README.md x the four head configurations, fp16, head_dim
+//     128, against the exact double-precision attention of up to 16 queries of each batch (the
+//     largest batches hold 17 GB of KV: the pool is filled on the device and only the sampled
+//     queries' blocks are copied back);
+//   - random prefix forests (partial last blocks, empty sequences, shuffled query order, GQA
+//     groups 1-8, head_dim 64 and 128, f16 and bf16, HND and NHD, block sizes 16-64) against the
+//     CPU executor running the same plan, and against the exact reference.
+// Tolerances are decode_attention_test.cpp's (attention_inputs.h): the kernels round P and the
+// output to the KV dtype as the decode kernel does. Outputs are poisoned with NaN bytes first.
+#include "pagoda/backend/cuda/prefix_attention.h"
+
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <string>
+#include <vector>
+
+#include "attention_inputs.h"
+#include "pagoda/attention/cpu_executor.h"
+#include "pagoda/attention/prefix_plan.h"
+#include "pagoda/attention/tree_batch.h"
+#include "pagoda/backend/cuda/bench_support.h"
+#include "pagoda/backend/cuda/check.h"
+#include "pagoda/core/error.h"
+
+namespace pagoda::cuda {
+namespace {
+
+using namespace ::pagoda::cuda::testing;
+using attention::PrefixPlan;
+
+#define SKIP_WITHOUT_GPU() \
+  if (!device_available()) GTEST_SKIP() << "no CUDA device"
+
+struct DeviceOutputs {
+  std::vector<float> out, lse;
+};
+
+// Runs `plan` on the device over pool `kv` and q (device pointers); returns out (as float) and lse.
+DeviceOutputs run_prefix_gpu(const PrefixPlan& plan, const attention::DecodeBatch& batch,
+                             const AttentionShape& shape, const PrefixTiles& tiles, const PagedKv& kv,
+                             const void* q, bool with_lse = true) {
+  PrefixWorkspace workspace;
+  workspace.upload(plan, batch, shape, tiles);
+  const size_t rows = size_t(batch.num_seqs()) * size_t(shape.num_q_heads);
+  DeviceArray<uint16_t> out(rows * size_t(shape.head_dim));
+  DeviceArray<float> lse(rows);
+  check_cuda(cudaMemset(out.data(), 0xff, out.bytes()), "cudaMemset out");  // NaN in every dtype
+  check_cuda(cudaMemset(lse.data(), 0xff, lse.bytes()), "cudaMemset lse");
+  prefix_attention(workspace, shape, kv, q, out.data(), with_lse ? lse.data() : nullptr);
+  check_cuda(cudaDeviceSynchronize(), "prefix_attention");
+  DeviceOutputs r;
+  const std::vector<uint16_t> bits = out.download();
+  r.out.resize(bits.size());
+  for (size_t i = 0; i < bits.size(); ++i) r.out[i] = from_bits(kv.dtype, bits[i]);
+  if (with_lse) r.lse = lse.download();
+  return r;
+}
+
+// ---- The listed batches.
+
+struct ListedCase {
+  const char* tree;
+  int32_t q_heads, kv_heads;
+};
+
+class GpuPrefixListed : public ::testing::TestWithParam<ListedCase> {};
+
+TEST_P(GpuPrefixListed, MatchesExactAttention) {
+  SKIP_WITHOUT_GPU();
+  const ListedCase c = GetParam();
+  const DType dtype = DType::kF16;
+  const AttentionShape shape{.num_q_heads = c.q_heads, .num_kv_heads = c.kv_heads, .head_dim = 128,
+                             .block_size = 16, .softmax_scale = 1.f / std::sqrt(128.f)};
+  const attention::PrefixTreeSpec spec = attention::parse_prefix_tree(c.tree);
+  const attention::DecodeBatch batch = attention::make_tree_batch(spec, shape.block_size, 7);
+  const int32_t num_blocks = int32_t(attention::tree_num_blocks(spec, shape.block_size));
+  const size_t page = size_t(shape.block_size) * size_t(shape.num_kv_heads) * size_t(shape.head_dim);
+  DeviceArray<uint16_t> k(size_t(num_blocks) * page), v(size_t(num_blocks) * page);
+  const size_t q_elements = size_t(batch.num_seqs()) * size_t(shape.num_q_heads) * size_t(shape.head_dim);
+  DeviceArray<uint16_t> q(q_elements);
+  fill_uniform(k.data(), k.size(), dtype, 1);
+  fill_uniform(v.data(), v.size(), dtype, 2);
+  fill_uniform(q.data(), q.size(), dtype, 3);
+  const PagedKv kv = make_paged_kv(k.data(), v.data(), dtype, KvLayout::kHnd, num_blocks, shape.block_size,
+                                   shape.num_kv_heads, shape.head_dim, Device::kCuda);
+
+  const PrefixTiles tiles = prefix_tiles(shape, dtype);
+  const PrefixPlan plan =
+      attention::plan_prefix(batch, shape, prefix_device_info(tiles), prefix_plan_options(tiles));
+  const DeviceOutputs got = run_prefix_gpu(plan, batch, shape, tiles, kv, q.data());
+
+  // Up to 16 queries, spread over the batch, against the exact attention over their own blocks.
+  const std::vector<uint16_t> q_bits = q.download();
+  const int32_t num_checked = std::min(batch.num_seqs(), 16);
+  const size_t head_dim = size_t(shape.head_dim), kv_row = size_t(shape.num_kv_heads) * head_dim;
+  double out_error = 0, lse_error = 0;
+  size_t bad = 0;
+  std::vector<uint16_t> page_bits(page);
+  for (int32_t i = 0; i < num_checked; ++i) {
+    const int32_t s = int32_t(int64_t(i) * batch.num_seqs() / num_checked);
+    ref::HostSequence seq;
+    seq.length = batch.kv_lengths[size_t(s)];
+    seq.k.resize(size_t(seq.length) * kv_row);
+    seq.v.resize(seq.k.size());
+    const auto blocks = batch.blocks_of(s);
+    for (int32_t b = 0; b * shape.block_size < seq.length; ++b) {
+      for (const bool is_v : {false, true}) {
+        const uint16_t* src = (is_v ? v.data() : k.data()) + size_t(blocks[size_t(b)]) * page;
+        check_cuda(cudaMemcpy(page_bits.data(), src, page * 2, cudaMemcpyDeviceToHost), "cudaMemcpy page");
+        for (int32_t slot = 0; slot < shape.block_size && b * shape.block_size + slot < seq.length; ++slot) {
+          for (int32_t h = 0; h < shape.num_kv_heads; ++h) {
+            for (size_t d = 0; d < head_dim; ++d) {  // HND page: [head][slot][d]
+              const float x = from_bits(dtype, page_bits[(size_t(h) * size_t(shape.block_size) + size_t(slot)) * head_dim + d]);
+              (is_v ? seq.v : seq.k)[(size_t(b * shape.block_size + slot)) * kv_row + size_t(h) * head_dim + d] = x;
+            }
+          }
+        }
+      }
+    }
+    for (int32_t h = 0; h < shape.num_q_heads; ++h) {
+      const size_t row = size_t(s) * size_t(shape.num_q_heads) + size_t(h);
+      std::vector<float> q_row(head_dim);
+      for (size_t d = 0; d < head_dim; ++d) q_row[d] = from_bits(dtype, q_bits[row * head_dim + d]);
+      const ref::ReferenceState want = ref::reference_attention(q_row.data(), seq, h / shape.group_size(),
+                                                                shape.num_kv_heads, shape.head_dim,
+                                                                double(shape.softmax_scale), 0, seq.length);
+      for (size_t d = 0; d < head_dim; ++d) {
+        const float g = got.out[row * head_dim + d];
+        if (!std::isfinite(g)) ++bad;
+        else out_error = std::max(out_error, std::abs(double(g) - want.o[d]));
+      }
+      if (!std::isfinite(got.lse[row])) ++bad;
+      else lse_error = std::max(lse_error, std::abs(double(got.lse[row]) - want.lse) / std::max(1.0, std::abs(want.lse)));
+    }
+  }
+  EXPECT_EQ(bad, 0u) << "unwritten or non-finite elements";
+  EXPECT_LE(out_error, out_tolerance(dtype)) << c.tree << " " << c.q_heads << "/" << c.kv_heads;
+  EXPECT_LE(lse_error, kLseTolerance) << c.tree << " " << c.q_heads << "/" << c.kv_heads;
+}
+
+std::vector<ListedCase> listed_cases() {
+  std::vector<ListedCase> cases;
+  for (const char* tree : {"1,10_4096,416", "1,4,256_32,256,32", "1,8,512_32,2048,256", "1,4,16,512_1024,256,128,32",
+                           "1,16,32,64,128,1024_256,128,64,32,32,32", "2,8,16,256_256,256,32,32",
+                           "8,16,32,256_512,512,256,32", "256_4096"}) {
+    for (auto [hq, hkv] : {std::pair{32, 32}, {16, 8}, {32, 8}, {64, 8}}) cases.push_back({tree, hq, hkv});
+  }
+  return cases;
+}
+
+INSTANTIATE_TEST_SUITE_P(Batches, GpuPrefixListed, ::testing::ValuesIn(listed_cases()),
+                         [](const ::testing::TestParamInfo<ListedCase>& info) {
+                           std::string name = std::string(info.param.tree) + "_h" + std::to_string(info.param.q_heads) +
+                                              "_" + std::to_string(info.param.kv_heads);
+                           std::replace(name.begin(), name.end(), ',', 'x');
+                           return name;
+                         });
+
+// ---- Random forests, small enough for the CPU executor over the whole batch.
+
+// A random forest: roots with random fan-out, inner lengths whole blocks, leaf tails any length
+// (some 0: sequences with no KV unless an ancestor has some), sequences in a shuffled order.
+Inputs make_forest_inputs(const Config& c, uint64_t seed) {
+  ref::Random rng(seed);
+  std::vector<std::vector<int32_t>> tables;
+  std::vector<int32_t> lengths;
+  int32_t next_block = 0;
+  auto blocks_for = [&](int32_t tokens) {
+    std::vector<int32_t> ids;
+    for (int32_t t = 0; t < tokens; t += c.block_size) ids.push_back(next_block++);
+    return ids;
+  };
+  // Depth-first: a node's table prefix and length so far.
+  auto grow = [&](auto&& self, std::vector<int32_t> table, int32_t length, int depth) -> void {
+    const int children = depth == 0 ? 1 + int(rng.next(3)) : depth < 3 ? int(rng.next(4)) : 0;
+    if (children == 0 || tables.size() > 40) {
+      const int32_t tail = int32_t(rng.next(3 * uint64_t(c.block_size) + 1)) - (depth == 0 ? 0 : 4);
+      const int32_t tokens = std::max(tail, 0);
+      const std::vector<int32_t> own = blocks_for(tokens);
+      table.insert(table.end(), own.begin(), own.end());
+      tables.push_back(table);
+      lengths.push_back(length + tokens);
+      return;
+    }
+    for (int i = 0; i < children; ++i) {
+      const int32_t tokens = c.block_size * int32_t(1 + rng.next(depth == 0 ? 12 : 4));
+      std::vector<int32_t> child = table;
+      const std::vector<int32_t> own = blocks_for(tokens);
+      child.insert(child.end(), own.begin(), own.end());
+      self(self, child, length + tokens, depth + 1);
+    }
+  };
+  const int roots = 1 + int(rng.next(3));
+  for (int r = 0; r < roots; ++r) grow(grow, {}, 0, 0);
+  // Shuffle the query order and the block ids (block 0 lands anywhere).
+  std::vector<int32_t> order(tables.size()), ids(size_t(next_block) + 2);
+  std::iota(order.begin(), order.end(), 0);
+  std::iota(ids.begin(), ids.end(), 0);
+  for (size_t i = order.size() - 1; i > 0; --i) std::swap(order[i], order[rng.next(i + 1)]);
+  for (size_t i = ids.size() - 1; i > 0; --i) std::swap(ids[i], ids[rng.next(i + 1)]);
+  std::vector<std::vector<int32_t>> blocks;
+  std::vector<int32_t> shuffled_lengths;
+  for (int32_t s : order) {
+    std::vector<int32_t> mapped;
+    for (int32_t b : tables[size_t(s)]) mapped.push_back(ids[size_t(b)]);
+    blocks.push_back(mapped);
+    shuffled_lengths.push_back(lengths[size_t(s)]);
+  }
+  return make_inputs(c, int32_t(ids.size()), blocks, shuffled_lengths, seed);
+}
+
+void expect_forest_matches(const Config& c, uint64_t seed, attention::PrefixPlanOptions options = {},
+                           int32_t workers = 0) {
+  Inputs in = make_forest_inputs(c, seed);
+  const DeviceInputs dev(in);
+  const PrefixTiles tiles = prefix_tiles(in.shape, c.dtype);
+  options.m_tiles = tiles.m_tiles;
+  const PrefixPlan plan = attention::plan_prefix(
+      in.batch, in.shape, {.num_workers = workers > 0 ? workers : tiles.workers}, options);
+  Outputs cpu{std::vector<float>(in.q.size(), std::nanf("")), std::vector<float>(in.rows(), std::nanf(""))};
+  attention::run_prefix_cpu(plan, in.batch, in.shape, in.pool.view(), in.q_f32.data(), cpu.out.data(), cpu.lse.data());
+  const DeviceOutputs gpu = run_prefix_gpu(plan, in.batch, in.shape, tiles, dev.kv, dev.q.data());
+  SCOPED_TRACE("seed " + std::to_string(seed) + ", " + std::to_string(plan.units.size()) + " units, " +
+               std::to_string(plan.num_pieces) + " pieces");
+  expect_matches(in, Outputs{gpu.out, gpu.lse}, cpu);
+  expect_matches(in, cpu, run_exact(in), kCpuExactTolerance, kCpuExactTolerance);
+}
+
+TEST(GpuPrefix, RandomForests) {
+  SKIP_WITHOUT_GPU();
+  uint64_t seed = 1;
+  for (DType dtype : {DType::kF16, DType::kBF16}) {
+    for (int32_t head_dim : {64, 128}) {
+      for (int32_t group : {1, 2, 4, 7, 8}) {
+        for (int32_t block_size : {16, 32, 64}) {
+          const Config c{.dtype = dtype, .head_dim = head_dim, .block_size = block_size, .group = group,
+                         .num_kv_heads = group == 7 ? 1 : 2,
+                         .layout = seed % 3 == 0 ? KvLayout::kNhd : KvLayout::kHnd};
+          expect_forest_matches(c, seed++);
+        }
+      }
+    }
+  }
+}
+
+TEST(GpuPrefix, EveryTileAndSplitChoice) {
+  SKIP_WITHOUT_GPU();
+  // Only 16-row tiles (every unit's queries chunked to fit 16 rows), no packing, no split, and a
+  // split forced fine by a large worker count: the same outputs as the CPU executor each time.
+  const Config c{.dtype = DType::kF16, .head_dim = 128, .block_size = 16, .group = 4, .num_kv_heads = 2};
+  expect_forest_matches(c, 101, {.split = false});
+  expect_forest_matches(c, 102, {.pack = false});
+  expect_forest_matches(c, 103, {.min_kv_tokens_per_unit = 16}, 4096);
+  expect_forest_matches(c, 104, {}, 1);
+}
+
+TEST(GpuPrefix, NullLseAndRejectedInput) {
+  SKIP_WITHOUT_GPU();
+  const Config c{.dtype = DType::kBF16, .head_dim = 64, .block_size = 16, .group = 2, .num_kv_heads = 2};
+  Inputs in = make_forest_inputs(c, 7);
+  const DeviceInputs dev(in);
+  const PrefixTiles tiles = prefix_tiles(in.shape, c.dtype);
+  const PrefixPlan plan = attention::plan_prefix(in.batch, in.shape, prefix_device_info(tiles), prefix_plan_options(tiles));
+  const DeviceOutputs with = run_prefix_gpu(plan, in.batch, in.shape, tiles, dev.kv, dev.q.data());
+  const DeviceOutputs without = run_prefix_gpu(plan, in.batch, in.shape, tiles, dev.kv, dev.q.data(), false);
+  EXPECT_EQ(with.out, without.out);
+
+  PrefixWorkspace workspace;
+  workspace.upload(plan, in.batch, in.shape, tiles);
+  DeviceArray<uint16_t> out(in.q.size());
+  AttentionShape other = in.shape;
+  other.num_q_heads *= 2;  // another group size than the workspace's
+  EXPECT_THROW(prefix_attention(workspace, other, dev.kv, dev.q.data(), out.data(), nullptr), Error);
+  PagedKv small = dev.kv;
+  small.num_blocks = 1;  // the batch names blocks past it
+  EXPECT_THROW(prefix_attention(workspace, in.shape, small, dev.q.data(), out.data(), nullptr), Error);
+  AttentionShape wide = in.shape;
+  wide.head_dim = 256;
+  EXPECT_NE(prefix_unsupported_reason(wide, dev.kv), nullptr);
+}
+
+}  // namespace
+}  // namespace pagoda::cuda
