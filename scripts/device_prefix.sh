@@ -21,7 +21,7 @@ tree_args=()
 heads=${HEADS:-32/32,16/8,32/8,64/8}
 python=/opt/torch/.venv/bin/python3
 [[ -x $python ]] || python=python3
-nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.max.sm,clocks.max.mem --format=csv | tee "$out/gpu.txt"
+nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.max.sm,clocks.max.mem --format=csv
 
 # FlashInfer's kernels compile just-in-time (minutes): install and compile them while pagoda builds.
 if has flashinfer; then
@@ -29,7 +29,7 @@ if has flashinfer; then
     $python -m pip install -q --no-index --find-links .flashinfer-wheels --no-deps \
       flashinfer-python==0.7.0.post1 "apache-tvm-ffi>=0.1.11,<0.2" &&
       $python bench/flashinfer_prefix.py --compile-only --heads "$heads" --jit-cache /tmp/flashinfer-jit \
-        --out "$out/flashinfer_jit.json"
+        --out /tmp/flashinfer_jit.json
   ) >"$out/flashinfer_jit.log" 2>&1 &
   flashinfer_jit=$!
 fi

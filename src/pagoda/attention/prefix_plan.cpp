@@ -44,8 +44,30 @@ class Packer {
       : forest_(forest), batch_(batch), shape_(shape), options_(options),
         max_queries_(std::max(1, options.m_tiles.back() / shape.group_size())) {}
 
+  // Packs every tree by the byte model, and keeps for each the cheaper of that and no packing
+  // at all (every query merged down to one unit over its whole KV): the model decides child by
+  // child, and on a small tree the sum of its choices can cost more bytes than not sharing.
   void run() {
-    for (int32_t root : forest_.roots) pack(root, forest_.nodes[size_t(root)].block_begin);
+    pieces_.assign(size_t(batch_.num_seqs()), 0);
+    for (int32_t root : forest_.roots) {
+      const int32_t block = forest_.nodes[size_t(root)].block_begin;
+      const size_t packed_begin = packs.size(), packed_queries = pack_queries.size();
+      pack(root, block);
+      if (!options_.pack) continue;
+      const size_t merged_begin = packs.size(), merged_queries = pack_queries.size();
+      merge_all_ = true;
+      pack(root, block);
+      merge_all_ = false;
+      if (bytes(packed_begin, merged_begin) <= bytes(merged_begin, packs.size())) {
+        packs.resize(merged_begin);
+        pack_queries.resize(merged_queries);
+      } else {  // drop the packed version and move the merged one into its place
+        const int32_t shift = int32_t(merged_queries - packed_queries);
+        pack_queries.erase(pack_queries.begin() + long(packed_queries), pack_queries.begin() + long(merged_queries));
+        packs.erase(packs.begin() + long(packed_begin), packs.begin() + long(merged_begin));
+        for (size_t i = packed_begin; i < packs.size(); ++i) packs[i].query_begin -= shift;
+      }
+    }
   }
 
   std::vector<Pack> packs;
@@ -53,6 +75,28 @@ class Packer {
 
  private:
   int64_t chunks(int64_t queries) const { return (queries + max_queries_ - 1) / max_queries_; }
+
+  // Bytes packs [begin, end) move per kv head, before the long-KV split: KV of every row chunk,
+  // q rows, and the partial states of the queries they cut into several pieces.
+  int64_t bytes(size_t begin, size_t end) {
+    const int64_t token_bytes = 2 * int64_t(shape_.head_dim) * options_.kv_bytes_per_element;
+    const int64_t q_bytes = int64_t(shape_.group_size()) * shape_.head_dim * options_.kv_bytes_per_element;
+    int64_t total = 0;
+    for (size_t i = begin; i < end; ++i) {
+      const Pack& pack = packs[i];
+      total += chunks(pack.num_queries) * pack.num_tokens * token_bytes + pack.num_queries * q_bytes;
+      for (int32_t j = 0; j < pack.num_queries; ++j) ++pieces_[size_t(pack_queries[size_t(pack.query_begin + j)])];
+    }
+    for (size_t i = begin; i < end; ++i) {
+      const Pack& pack = packs[i];
+      for (int32_t j = 0; j < pack.num_queries; ++j) {
+        int32_t& pieces = pieces_[size_t(pack_queries[size_t(pack.query_begin + j)])];
+        if (pieces > 1) total += pieces * partial_bytes(shape_);
+        pieces = 0;  // counted once, and reset for the next call
+      }
+    }
+    return total;
+  }
 
   // Packs node's subtree, whose queries read KV from block position kv_block (<= the node's
   // first block when ancestors were merged into it).
@@ -66,7 +110,7 @@ class Packer {
     auto merge = [&](const PrefixNode& child) {
       const int64_t saved = child.num_queries() * partial_bytes(shape_);
       const int64_t extra = kv_tokens * token_bytes * chunks(child.num_queries());
-      return !options_.pack || saved > extra;
+      return merge_all_ || !options_.pack || saved > extra;
     };
     for (int32_t c = node.first_child; c >= 0; c = forest_.nodes[size_t(c)].next_sibling) {
       const PrefixNode& child = forest_.nodes[size_t(c)];
@@ -97,11 +141,16 @@ class Packer {
   const AttentionShape& shape_;
   const PrefixPlanOptions& options_;
   const int32_t max_queries_;
+  bool merge_all_ = false;      // pack() merges every child: no sharing below the root
+  std::vector<int32_t> pieces_;  // per sequence, bytes()'s count of the packs holding it
 };
 
-// The long-KV split's piece length: the mean unit length, or less when a fair share of the
-// workers' load is less (a batch too small to fill the device), never below the minimum; 0 when
-// no unit is longer.
+// The long-KV split's piece length. The paper cuts units longer than the mean unit length; a
+// batch too small to fill the device is cut finer, to a fair share of the workers' load. Either
+// leaves some number of rounds of items over the workers; the piece is then the shortest that
+// keeps that number of rounds (a longer one would leave the last round mostly idle: 144 items on
+// 132 workers take two rounds of the longest item). Never below the minimum; 0 when no unit is
+// longer.
 int32_t split_length(const std::vector<PrefixUnit>& units, const AttentionShape& shape, const DeviceInfo& device,
                      const PrefixPlanOptions& options) {
   if (!options.split || units.empty()) return 0;
@@ -110,12 +159,28 @@ int32_t split_length(const std::vector<PrefixUnit>& units, const AttentionShape&
     total += u.num_tokens;
     longest = std::max<int64_t>(longest, u.num_tokens);
   }
+  const int64_t workers = std::max(device.num_workers, 1);
   const int64_t mean = total / int64_t(units.size());
-  const int64_t fair = total * shape.num_kv_heads / std::max(device.num_workers, 1);
+  const int64_t fair = total * shape.num_kv_heads / workers;
   const int64_t bs = shape.block_size;
   const int64_t floor = (options.min_kv_tokens_per_unit + bs - 1) / bs * bs;
-  const int64_t length = std::max(floor, (std::min(mean, fair) + bs - 1) / bs * bs);
-  return length < longest ? int32_t(length) : 0;
+  int64_t length = std::max(floor, (std::min(mean, fair) + bs - 1) / bs * bs);
+  if (length >= longest) return 0;
+  auto items = [&](int64_t piece) {
+    int64_t n = 0;
+    for (const PrefixUnit& u : units) n += (u.num_tokens + piece - 1) / piece;
+    return n * shape.num_kv_heads;
+  };
+  const int64_t slots = (items(length) + workers - 1) / workers * workers;
+  for (int64_t lo = floor, hi = length; lo < hi;) {  // items() falls as the piece grows
+    const int64_t mid = (lo + hi) / 2 / bs * bs;
+    if (items(mid) <= slots) {
+      hi = length = mid;
+    } else {
+      lo = mid + bs;
+    }
+  }
+  return int32_t(length);
 }
 
 int32_t select_m_tile(int32_t rows, const std::vector<int32_t>& m_tiles) {

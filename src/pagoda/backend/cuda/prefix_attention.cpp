@@ -37,7 +37,7 @@ PrefixTiles prefix_tiles(const attention::AttentionShape& shape, DType dtype) {
   const int64_t row_bytes = int64_t(shape.head_dim) * int64_t(dtype_size(dtype));
   PrefixTiles tiles{.kv_tile_tokens = kernel.tile_tokens, .stages = kernel.stages, .ctas_per_sm = kernel.ctas_per_sm};
   tiles.workers = sms * std::max(kernel.ctas_per_sm, 1);
-  tiles.bytes_in_flight = int64_t(tiles.workers) * (kernel.stages - 1) * 2 * kernel.tile_tokens * row_bytes;
+  tiles.bytes_in_flight = int64_t(tiles.workers) * kernel.stages * 2 * kernel.tile_tokens * row_bytes;
   tiles.latency_bandwidth_bytes = int64_t(kMemoryLatencySeconds * peak_bandwidth);
   for (int32_t m : {16, 32, 64, 128}) {
     // ① The Q slot of an M-row tile in every stage, next to the kernel's K/V tiles and ⊕ buffer.
@@ -46,8 +46,12 @@ PrefixTiles prefix_tiles(const attention::AttentionShape& shape, DType dtype) {
     if (smem > smem_limit) {
       why = fmt::format("{} B of shared memory > {} (constraint 1)", smem, smem_limit);
     } else if (m > kernel.max_rows) {
-      why = fmt::format("two m16 fragments per warp need more than 255 registers (constraint 1; {} now)",
-                        kernel.registers);
+      // More rows than the 4 computing warps' one m16 fragment each: every further fragment per
+      // warp holds another O accumulator and Q fragment in registers.
+      const int extra_fragments = m / (16 * 4) - 1;
+      const int registers = kernel.registers + extra_fragments * (shape.head_dim / 8 * 4 + shape.head_dim / 16 * 4);
+      why = registers > 255 ? fmt::format("~{} registers per thread > 255 (constraint 1)", registers)
+                            : fmt::format("fits (~{} registers) but is not instantiated: one kernel per head_dim", registers);
     } else if (kernel.spill_bytes > 0) {
       why = fmt::format("the kernel spills {} B per thread (constraint 1)", kernel.spill_bytes);
     } else if (tiles.bytes_in_flight < tiles.latency_bandwidth_bytes) {

@@ -25,8 +25,9 @@ namespace pagoda::cuda {
 //     255 registers without spilling (checked on the compiled kernel); M = 128 would need two
 //     fragments per warp, 64 more accumulator and 32 more Q registers per thread, past that limit
 //     at head_dim 128.
-//   ② bytes in flight: SMs x CTAs x (stages - 1) x KV tile bytes >= latency x bandwidth (1 µs x the
-//     device's peak), so that the pipeline alone can saturate memory.
+//   ② bytes in flight: SMs x CTAs x stages x KV tile bytes (the loading warp fills every stage
+//     ahead of the computing ones) >= latency x bandwidth (1 µs x the device's peak), so that the
+//     pipeline alone can saturate memory.
 //   ③ tensor-core shape: M a multiple of 16 (the m16n8k16 fragment).
 struct PrefixTiles {
   std::vector<int32_t> m_tiles;  // feasible, ascending

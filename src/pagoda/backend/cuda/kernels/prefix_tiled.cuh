@@ -8,22 +8,30 @@
 // Tensor cores, FlashAttention-2 style, the rows on the M side:
 //   S [16 rows x 16 tokens]  = Q [16 x d] . K^T          (mma m16n8k16; B = K rows, ldmatrix)
 //   O [16 rows x d]         += P [16 x 16 tokens] . V    (P from S's accumulators; V by ldmatrix.trans)
-// The item's M tile (16, 32 or 64 rows, the tile selector's choice) sets how the 4 warps share a
-// 64-token KV tile: warps_m = M / 16 warps own 16 rows each, and the 4 / warps_m warps of one row
-// block split the tile's tokens. Each warp keeps its own online-softmax state (exp2 domain, one
-// rescale per 16 tokens); at the end of an item the warps of a row block merge with ⊕ through
-// shared memory and write the output rows, or the partial states the plan's merges fold.
+// The item's M tile (16, 32 or 64 rows, the tile selector's choice) sets how the 4 computing
+// warps share a 64-token KV tile: warps_m = M / 16 warps own 16 rows each, and the 4 / warps_m
+// warps of one row block split the tile's tokens. Each warp keeps its own online-softmax state
+// (exp2 domain, one rescale per 16 tokens); at the end of an item the warps of a row block merge
+// with ⊕ through shared memory and write the output rows, or the partial states the plan's
+// merges fold. A solo item (one tile, at most 16 rows: a short private tail) is computed whole by
+// one warp, chosen round-robin by stage, while the others go on to the next stages: four such
+// items proceed at once, and none waits on a barrier.
 //
-// Stages: kStages buffers, each a K tile, a V tile and a Q slot. An item's first tile carries its
-// Q rows (zero-filled past the item's rows); the warps copy them into registers when they compute
-// that tile, before the stage is reused. 16-byte chunk c of every shared row r is stored at chunk
-// c ^ (r % 8), so the 8 row addresses of each ldmatrix fall in distinct bank groups.
+// Warp roles. A fifth warp, the producer, only moves data: it runs up to kStages tiles ahead of
+// the computing warps (the consumers), so that a stall on its own loads never stalls the math,
+// and kStages tiles of K and V (128 KB at head_dim 128) are in flight per SM. Stage s has a
+// "full" mbarrier (the producer's copies landed: cp.async arrivals, plus its plain arrivals after
+// writing the stage's tile description) and an "empty" one (every consumer warp is done with it).
+// The producer itself reads metadata kLookahead tiles before it copies the tile: the tile's block
+// ids and, at an item's first tile, the item's (sequence, piece) list, by cp.async into small
+// rings, and the plan's units 32 items ahead, one per lane. So the only loads any warp waits on
+// are ones it issued several tiles earlier.
 //
-// Metadata runs ahead of the copies so that no copy waits on a dependent load: block ids and the
-// query rows of a tile are read one iteration before its copies are issued, and the unit of the
-// next item when the loader starts an item.
-// KV that other items also read (kv_shared: one node's row chunks) is first prefetched into L2
-// marked evict_last, one instruction per 128-byte line, so that it outlives the streamed rest.
+// An item's first tile carries its Q rows in the stage's Q slot (zero past the item's rows); the
+// consumers copy them into registers when they compute that tile. 16-byte chunk c of every shared
+// row r is stored at chunk c ^ (r % 8), so the 8 row addresses of each ldmatrix hit distinct bank
+// groups. KV that other items also read (kv_shared: one node's row chunks) is first prefetched
+// into L2 marked evict_last, one instruction per 128-byte line.
 #pragma once
 
 #include <cmath>
@@ -34,144 +42,252 @@
 
 namespace pagoda::cuda {
 
+// What the producer knows of one tile: written by its look-ahead, read by its copy step and (as
+// the stage's copy) by the consumers.
+struct PrefixTileDesc {
+  int32_t ids[4];     // block ids of the tile's tokens (64 / block_size of them), by cp.async
+  int32_t num_tokens; // of the item
+  int32_t tile;       // index in the item
+  int32_t last;       // 1: the item's last tile
+  int32_t kv_head;    // -1: past the CTA's last item (the consumers stop there)
+  int32_t rows;       // query rows of the item
+  int32_t kv_shared;
+  int32_t query_slot;  // slot of the item's (sequence, piece) list in the query ring
+  int32_t pad;
+};
+
 template <int kHeadDim>
 struct PrefixTiledConfig {
-  static constexpr int kWarps = 4;
-  static constexpr int kThreads = kWarps * 32;
+  static constexpr int kConsumerWarps = 4;
+  // Copies are spread over 4 loading warps: one warp alone cannot keep 128 KB of cp.async in
+  // flight (it ran at 0.35 of the bandwidth at 256 x 4K on an H100).
+  static constexpr int kProducerWarps = 4;
+  static constexpr int kThreads = (kConsumerWarps + kProducerWarps) * 32;
+  static constexpr int kConsumerThreads = kConsumerWarps * 32;
+  static constexpr int kProducerThreads = kProducerWarps * 32;
   static constexpr int kTileTokens = 64;
-  static constexpr int kMaxRows = kWarps * 16;  // one m16 fragment per warp (prefix_attention.cpp)
-  static constexpr int kChunksPerRow = kHeadDim / 8;  // 16-byte chunks
+  static constexpr int kMaxRows = kConsumerWarps * 16;  // one m16 fragment per warp (prefix_attention.h)
+  static constexpr int kChunksPerRow = kHeadDim / 8;     // 16-byte chunks
   static constexpr int kRowBytes = kHeadDim * 2;
   static constexpr int kKvTileBytes = kTileTokens * kRowBytes;  // K or V of one tile
   static constexpr int kQBytes = kMaxRows * kRowBytes;
   static constexpr int kStageBytes = 2 * kKvTileBytes + kQBytes;
-  // Three tiles in flight behind the computed one: 96 KB of KV per SM at head_dim 128, which
-  // covers HBM latency at full bandwidth with one CTA per SM.
   static constexpr int kStages = 4;
-  // The ⊕ of the warps that split a tile's tokens: 3 warps hand over 16 rows of o, max and sum.
-  static constexpr int kReduceSlots = kWarps - 1;
-  static constexpr int kReduceFloats = kReduceSlots * 16 * (kHeadDim + 2);
-  static constexpr int kSmemBytes = kStages * kStageBytes + kReduceFloats * 4;
+  static constexpr int kLookahead = 4;  // tiles between the producer's metadata reads and its copies
+  // Items whose (sequence, piece) lists are live at once: those between the look-ahead and the
+  // consumers, at most kLookahead + kStages + 1 of them (one-tile items).
+  static constexpr int kQuerySlots = 12;
+  // The ⊕ of the warps that split a tile's tokens: 3 warps hand over 16 rows of o, then 16 maxima
+  // and 16 sums. Rows are padded to kReduceStride floats: with 8 floats of padding, the 16 lanes
+  // of each half-warp's 8-byte accesses (4 rows x 4 column pairs) fall in distinct banks.
+  static constexpr int kReduceStride = kHeadDim + 8;
+  static constexpr int kReduceSlotFloats = 16 * kReduceStride + 32;
+  static constexpr int kReduceFloats = (kConsumerWarps - 1) * kReduceSlotFloats;
+
+  // Shared memory, in this order.
+  static constexpr int kReduceOffset = kStages * kStageBytes;
+  static constexpr int kQueryRingOffset = kReduceOffset + kReduceFloats * 4;
+  static constexpr int kDescRingOffset = kQueryRingOffset + kQuerySlots * kMaxRows * 8;
+  static constexpr int kStageDescOffset = kDescRingOffset + (kLookahead + 1) * int(sizeof(PrefixTileDesc));
+  static constexpr int kBarrierOffset = kStageDescOffset + kStages * int(sizeof(PrefixTileDesc));
+  static constexpr int kSmemBytes = kBarrierOffset + 2 * kStages * 8;
 
   static_assert(kHeadDim % 64 == 0, "the swizzle needs at least 8 chunks per row");
+  static_assert(kQuerySlots >= kLookahead + kStages + 1);
+  static_assert(kBarrierOffset % 8 == 0);
 };
 
 template <typename T, int kHeadDim>
 __global__ void __launch_bounds__(PrefixTiledConfig<kHeadDim>::kThreads, 1)
     prefix_tiled_kernel(const PrefixParams p) {
   using C = PrefixTiledConfig<kHeadDim>;
-  constexpr int kDimSteps = kHeadDim / 16;  // k steps of S = Q K^T
-  constexpr int kDimTiles = kHeadDim / 8;   // n tiles of O
-  constexpr int kRowsPerPass = C::kThreads / C::kChunksPerRow;
-  constexpr int kKvRowsPerThread = C::kTileTokens / kRowsPerPass;
-  constexpr int kQRowsPerThread = C::kMaxRows / kRowsPerPass;
   extern __shared__ __align__(128) uint8_t smem[];
 
   ptx::launch_dependents();  // the merge may start its launch while this grid runs
-  const int tid = threadIdx.x;
-  const int warp = tid / 32;
-  const int lane = tid % 32;
+  const int warp = threadIdx.x / 32;
+  const int lane = threadIdx.x % 32;
+  const uint32_t smem_base = ptx::smem_address(smem);
+  auto stage_base = [&](int stage) { return smem_base + uint32_t(stage * C::kStageBytes); };
+  auto full_barrier = [&](int stage) { return smem_base + uint32_t(C::kBarrierOffset + stage * 8); };
+  auto empty_barrier = [&](int stage) { return smem_base + uint32_t(C::kBarrierOffset + (C::kStages + stage) * 8); };
+  auto* stage_desc = reinterpret_cast<volatile PrefixTileDesc*>(smem + C::kStageDescOffset);
+  auto* query_ring = reinterpret_cast<const attention::UnitQuery*>(smem + C::kQueryRingOffset);
+  auto swizzled = [](int row, int chunk) { return uint32_t(row * C::kRowBytes + ((chunk ^ (row & 7)) << 4)); };
+
+  if (threadIdx.x == 0) {
+    for (int s = 0; s < C::kStages; ++s) {
+      ptx::mbarrier_init(full_barrier(s), 2 * C::kProducerThreads);  // a cp.async and a plain arrival each
+      ptx::mbarrier_init(empty_barrier(s), C::kConsumerWarps);
+    }
+  }
+  __syncthreads();
+
+  if (warp >= C::kConsumerWarps) {
+    // ---------------- The producers: the first warp also looks ahead ----------------
+    const int producer = threadIdx.x - C::kConsumerThreads;
+    const bool looks_ahead = warp == C::kConsumerWarps;
+    // The plan's units, one item per lane: window items [window, window + 32) and the next 32.
+    struct Unit {
+      int32_t block_begin, num_tokens, query_begin, rows, kv_shared, kv_head;  // kv_head -1: none
+    };
+    auto read_unit = [&](int n) {  // the CTA's n-th item
+      const int ordinal = int(blockIdx.x) + n * int(gridDim.x);
+      if (ordinal >= p.num_items) return Unit{0, 0, 0, 0, 0, -1};
+      const attention::PrefixUnit& u = p.units[ordinal / p.num_kv_heads];
+      return Unit{__ldg(&u.block_begin), __ldg(&u.num_tokens), __ldg(&u.query_begin),
+                  __ldg(&u.num_queries) * p.group, __ldg(&u.kv_shared), ordinal % p.num_kv_heads};
+    };
+    int window = 0;
+    Unit window_units = read_unit(lane), next_units = read_unit(32 + lane);
+    auto unit_of = [&](int n) {  // n: warp-uniform, never behind the window
+      if (n >= window + 32) {
+        window += 32;
+        window_units = next_units;
+        next_units = read_unit(window + 32 + lane);
+      }
+      const int from = n - window;
+      return Unit{__shfl_sync(0xffffffffu, window_units.block_begin, from),
+                  __shfl_sync(0xffffffffu, window_units.num_tokens, from),
+                  __shfl_sync(0xffffffffu, window_units.query_begin, from),
+                  __shfl_sync(0xffffffffu, window_units.rows, from),
+                  __shfl_sync(0xffffffffu, window_units.kv_shared, from),
+                  __shfl_sync(0xffffffffu, window_units.kv_head, from)};
+    };
+
+    // The look-ahead: describes tile `step` of the CTA into desc ring slot step % (kLookahead + 1).
+    auto* desc_ring = reinterpret_cast<PrefixTileDesc*>(smem + C::kDescRingOffset);
+    const int blocks_per_tile = C::kTileTokens >> p.block_size_log2;
+    int ahead_n = 0, ahead_tile = 0;
+    Unit ahead = unit_of(0);
+    auto look_ahead = [&](int step) {
+      if (!looks_ahead) return;
+      PrefixTileDesc& d = desc_ring[step % (C::kLookahead + 1)];
+      const int num_tiles = (ahead.num_tokens + C::kTileTokens - 1) / C::kTileTokens;
+      if (lane == 0) {
+        d.num_tokens = ahead.num_tokens;
+        d.tile = ahead_tile;
+        d.last = ahead_tile == num_tiles - 1;
+        d.kv_head = ahead.kv_head;
+        d.rows = ahead.rows;
+        d.kv_shared = ahead.kv_shared;
+        d.query_slot = ahead_n % C::kQuerySlots;
+      }
+      if (ahead.kv_head < 0) return;
+      const int block = ahead_tile * blocks_per_tile + lane;
+      if (lane < blocks_per_tile && block << p.block_size_log2 < ahead.num_tokens) {
+        ptx::cp_async_small<4>(ptx::smem_address(&d.ids[lane]), p.block_ids + ahead.block_begin + block);
+      }
+      if (ahead_tile == 0) {  // the item's (sequence, piece) list, for its Q rows and its outputs
+        const uint32_t slot = smem_base + C::kQueryRingOffset + (ahead_n % C::kQuerySlots) * C::kMaxRows * 8;
+        for (int j = lane; j * p.group < ahead.rows; j += 32) {
+          ptx::cp_async_small<8>(slot + j * 8, p.unit_queries + ahead.query_begin + j);
+        }
+      }
+      if (++ahead_tile == num_tiles) {
+        ahead_tile = 0;
+        ahead = unit_of(++ahead_n);
+      }
+    };
+
+    // The copy step: tile `step` into stage step % kStages, once the consumers are done with it.
+    constexpr int kChunksPerLane = C::kTileTokens * C::kChunksPerRow / C::kProducerThreads;
+    const int block_mask = (1 << p.block_size_log2) - 1;
+    auto copy_tile = [&](int step) -> bool {
+      ptx::cp_async_wait<C::kLookahead - 1>();  // the look-ahead's copies for this tile landed
+      ptx::named_barrier(2, C::kProducerThreads);  // and its plain writes are visible
+      const PrefixTileDesc& d = desc_ring[step % (C::kLookahead + 1)];
+      const int stage = step % C::kStages;
+      if (step >= C::kStages) ptx::mbarrier_wait(empty_barrier(stage), (step / C::kStages - 1) & 1);
+      const bool done = d.kv_head < 0;
+      if (!done) {
+        const T* k_head = static_cast<const T*>(p.k) + d.kv_head * p.head_stride;
+        const T* v_head = static_cast<const T*>(p.v) + d.kv_head * p.head_stride;
+        const uint32_t k_dst = stage_base(stage);
+        const uint32_t v_dst = k_dst + C::kKvTileBytes;
+#pragma unroll 8
+        for (int i = 0; i < kChunksPerLane; ++i) {
+          const int c = i * C::kProducerThreads + producer;
+          const int row = c / C::kChunksPerRow;
+          const int chunk = c % C::kChunksPerRow;
+          const int token = d.tile * C::kTileTokens + row;
+          const bool valid = token < d.num_tokens;
+          const int64_t offset = valid ? int64_t(d.ids[row >> p.block_size_log2]) * p.page_stride +
+                                             (token & block_mask) * p.token_stride + chunk * 8
+                                       : 0;
+          if (d.kv_shared && valid && chunk % 8 == 0) {
+            ptx::prefetch_l2_evict_last(k_head + offset);
+            ptx::prefetch_l2_evict_last(v_head + offset);
+          }
+          const uint32_t bytes = valid ? 16 : 0;  // zero-fill: P = 0 there, and 0 * V must not be NaN
+          ptx::cp_async_16(k_dst + swizzled(row, chunk), k_head + offset, bytes);
+          ptx::cp_async_16(v_dst + swizzled(row, chunk), v_head + offset, bytes);
+        }
+        if (d.tile == 0) {
+          const uint32_t q_dst = v_dst + C::kKvTileBytes;
+          const attention::UnitQuery* queries = query_ring + d.query_slot * C::kMaxRows;
+          const T* q = static_cast<const T*>(p.q);
+#pragma unroll 8
+          for (int i = 0; i < kChunksPerLane; ++i) {
+            const int c = i * C::kProducerThreads + producer;
+            const int row = c / C::kChunksPerRow;
+            const int chunk = c % C::kChunksPerRow;
+            const bool valid = row < d.rows;
+            const int64_t q_row = valid ? int64_t(queries[row / p.group].seq) * p.num_q_heads +
+                                              int64_t(d.kv_head) * p.group + row % p.group
+                                        : 0;
+            ptx::cp_async_16(q_dst + swizzled(row, chunk), q + q_row * kHeadDim + chunk * 8, valid ? 16 : 0);
+          }
+        }
+      }
+      if (producer < int(sizeof(PrefixTileDesc) / 4)) {
+        reinterpret_cast<volatile int32_t*>(&stage_desc[stage])[producer] = reinterpret_cast<const int32_t*>(&d)[producer];
+      }
+      if (done) {
+        ptx::mbarrier_arrive(full_barrier(stage), 2);  // no copies: both arrivals are plain
+      } else {
+        ptx::cp_async_mbarrier_arrive(full_barrier(stage));
+        ptx::mbarrier_arrive(full_barrier(stage));  // after this lane's description writes
+      }
+      return !done;
+    };
+
+#pragma unroll 1
+    for (int step = 0; step < C::kLookahead; ++step) {
+      look_ahead(step);
+      ptx::cp_async_commit();
+    }
+#pragma unroll 1
+    for (int step = 0;; ++step) {
+      const bool more = copy_tile(step);
+      if (!more) break;
+      look_ahead(step + C::kLookahead);
+      ptx::cp_async_commit();
+    }
+    ptx::cp_async_wait_all();  // nothing may be in flight into shared memory when the warp exits
+    return;
+  }
+
+  // ---------------- The consumers ----------------
+  constexpr int kDimSteps = kHeadDim / 16;  // k steps of S = Q K^T
+  constexpr int kDimTiles = kHeadDim / 8;   // n tiles of O
   const int g = lane / 4;  // mma fragment row
   const int t = lane % 4;  // mma fragment column pair
-  const int block_mask = (1 << p.block_size_log2) - 1;
-  const uint32_t smem_base = ptx::smem_address(smem);
-  float* reduce = reinterpret_cast<float*>(smem + C::kStages * C::kStageBytes);
-  auto k_stage = [&](int stage) { return smem_base + uint32_t(stage * C::kStageBytes); };
-  auto swizzled = [](int row, int chunk) { return uint32_t(row * C::kRowBytes + ((chunk ^ (row & 7)) << 4)); };
-  // The CTA's n-th item is plan item blockIdx.x + n * gridDim.x.
-  auto ordinal = [&](int n) { return int(blockIdx.x) + n * int(gridDim.x); };
+  float* reduce = reinterpret_cast<float*>(smem + C::kReduceOffset);
 
-  struct Unit {  // one item's plan entry; kv_head -1 past the CTA's last item
-    int32_t block_begin, num_tokens, query_begin, rows, kv_shared, kv_head;
-  };
-  auto read_unit = [&](int n) {
-    if (ordinal(n) >= p.num_items) return Unit{0, 0, 0, 0, 0, -1};
-    const attention::PrefixUnit& u = p.units[ordinal(n) / p.num_kv_heads];
-    return Unit{__ldg(&u.block_begin), __ldg(&u.num_tokens), __ldg(&u.query_begin),
-                __ldg(&u.num_queries) * p.group, __ldg(&u.kv_shared), ordinal(n) % p.num_kv_heads};
-  };
-  auto num_tiles = [](const Unit& u) { return (u.num_tokens + C::kTileTokens - 1) / C::kTileTokens; };
-
-  // ---- The loader: thread tid copies 16-byte chunk tid % kChunksPerRow of every
-  // kRowsPerPass-th row of a K/V tile and of a Q slot.
-  const int chunk = tid % C::kChunksPerRow;
-  const int first_row = tid / C::kChunksPerRow;
-  struct TileRef {  // what the copies of one tile need, read an iteration ahead
-    int32_t ids[kKvRowsPerThread];
-    int32_t q_seqs[kQRowsPerThread];  // sequence of the Q row, -1: zero-fill (first tile only)
-  };
-  Unit load_unit = read_unit(0);  // the item the loader is in
-  Unit next_unit = read_unit(1);
-  int load_n = 0, load_tile = 0;  // the loader's position: item n of the CTA, tile of the item
-  auto prepare = [&](TileRef& ref) {
-#pragma unroll
-    for (int r = 0; r < kKvRowsPerThread; ++r) {
-      const int token = load_tile * C::kTileTokens + first_row + r * kRowsPerPass;
-      ref.ids[r] = token < load_unit.num_tokens ? __ldg(p.block_ids + load_unit.block_begin + (token >> p.block_size_log2))
-                                                : -1;
-    }
-    if (load_tile == 0) {
-#pragma unroll
-      for (int r = 0; r < kQRowsPerThread; ++r) {
-        const int row = first_row + r * kRowsPerPass;
-        ref.q_seqs[r] = row < load_unit.rows ? __ldg(&p.unit_queries[load_unit.query_begin + row / p.group].seq) : -1;
-      }
-    }
-  };
-  // Copies the prepared tile (the loader's position) into `stage`, then moves the loader on.
-  auto issue = [&](const TileRef& ref, int stage) {
-    if (load_unit.kv_head < 0) return;  // past the CTA's last item
-    const T* k_head = static_cast<const T*>(p.k) + load_unit.kv_head * p.head_stride;
-    const T* v_head = static_cast<const T*>(p.v) + load_unit.kv_head * p.head_stride;
-    const uint32_t k_dst = k_stage(stage);
-    const uint32_t v_dst = k_dst + C::kKvTileBytes;
-#pragma unroll
-    for (int r = 0; r < kKvRowsPerThread; ++r) {
-      const int row = first_row + r * kRowsPerPass;
-      const int token = load_tile * C::kTileTokens + row;
-      const bool valid = ref.ids[r] >= 0;
-      const int64_t offset =
-          valid ? int64_t(ref.ids[r]) * p.page_stride + (token & block_mask) * p.token_stride + chunk * 8 : 0;
-      const uint32_t bytes = valid ? 16 : 0;  // zero-fill: P = 0 there, and 0 * V must not be NaN
-      if (load_unit.kv_shared && valid && chunk % 8 == 0) {
-        ptx::prefetch_l2_evict_last(k_head + offset);
-        ptx::prefetch_l2_evict_last(v_head + offset);
-      }
-      ptx::cp_async_16(k_dst + swizzled(row, chunk), k_head + offset, bytes);
-      ptx::cp_async_16(v_dst + swizzled(row, chunk), v_head + offset, bytes);
-    }
-    if (load_tile == 0) {
-      const uint32_t q_dst = v_dst + C::kKvTileBytes;
-      const T* q = static_cast<const T*>(p.q);
-#pragma unroll
-      for (int r = 0; r < kQRowsPerThread; ++r) {
-        const int row = first_row + r * kRowsPerPass;
-        const bool valid = ref.q_seqs[r] >= 0;
-        const int64_t q_row = int64_t(ref.q_seqs[r]) * p.num_q_heads + int64_t(load_unit.kv_head) * p.group + row % p.group;
-        ptx::cp_async_16(q_dst + swizzled(row, chunk), q + (valid ? q_row * kHeadDim + chunk * 8 : 0), valid ? 16 : 0);
-      }
-    }
-    if (++load_tile == num_tiles(load_unit)) {
-      load_tile = 0;
-      ++load_n;
-      load_unit = next_unit;
-      next_unit = read_unit(load_n + 1);  // in flight until the loader reaches that item
-    }
-  };
-
-  // ---- The computing warps: the item they are in and their share of it.
-  Unit unit{};
-  int warps_m = 1, wm = 0, wn = 0, slice = C::kTileTokens;  // this warp: rows 16 wm.., tokens slice wn
+  // The item being computed and this warp's share of it: rows 16 wm.., tokens slice wn.
+  int num_tokens = 0, rows = 0, kv_head = 0, query_slot = 0;
+  int warps_m = 1, warps_n = 1, wm = 0, wn = 0, slice = C::kTileTokens;
   uint32_t q_frag[kDimSteps][4];
   float o_acc[kDimTiles][4];
   float row_max[2], row_sum[2];  // rows g, g + 8 of the warp's 16; exp2 domain; lane-partial sums
-  auto start_item = [&](int n, int stage) {
-    unit = read_unit(n);  // the loader read these lines: L1 hits
-    warps_m = unit.rows <= 16 ? 1 : unit.rows <= 32 ? 2 : 4;
-    wm = warp % warps_m;
-    wn = warp / warps_m;
-    slice = C::kTileTokens * warps_m / C::kWarps;
-    const uint32_t q_src = k_stage(stage) + 2 * C::kKvTileBytes;
+
+  auto start_item = [&](int stage, bool solo) {
+    warps_m = rows <= 16 ? 1 : rows <= 32 ? 2 : 4;
+    warps_n = solo ? 1 : C::kConsumerWarps / warps_m;
+    wm = solo ? 0 : warp % warps_m;
+    wn = solo ? 0 : warp / warps_m;
+    slice = C::kTileTokens / warps_n;
+    const uint32_t q_src = stage_base(stage) + 2 * C::kKvTileBytes;
     const int i = lane / 8;  // which of ldmatrix's four matrices this lane addresses
 #pragma unroll
     for (int ks = 0; ks < kDimSteps; ++ks) {
@@ -187,7 +303,7 @@ __global__ void __launch_bounds__(PrefixTiledConfig<kHeadDim>::kThreads, 1)
   // 16 tokens [first, first + 16) of the tile in `stage`; first is tile-relative, token0 the
   // item-relative index of the tile's token 0.
   auto compute_chunk = [&](int stage, int first, int token0) {
-    const uint32_t k_src = k_stage(stage);
+    const uint32_t k_src = stage_base(stage);
     const uint32_t v_src = k_src + C::kKvTileBytes;
     const int i = lane / 8;
     float s[2][4] = {};  // (row g, tokens 8n + 2t, +1), (row g + 8, the same tokens)
@@ -206,7 +322,7 @@ __global__ void __launch_bounds__(PrefixTiledConfig<kHeadDim>::kThreads, 1)
 #pragma unroll
         for (int e = 0; e < 2; ++e) {
           float& x = s[n][2 * h + e];
-          x = token0 + first + 8 * n + 2 * t + e < unit.num_tokens ? x * p.scale_log2 : -INFINITY;
+          x = token0 + first + 8 * n + 2 * t + e < num_tokens ? x * p.scale_log2 : -INFINITY;
           chunk_max = fmaxf(chunk_max, x);
         }
       }
@@ -244,77 +360,84 @@ __global__ void __launch_bounds__(PrefixTiledConfig<kHeadDim>::kThreads, 1)
     }
   };
 
-  // The end of an item: ⊕ over the warps of each row block, then the rows' states to the output
-  // or to their partial slots.
+  // The end of an item: ⊕ over the warps of each row block (a barrier of the consumer warps
+  // alone), then the rows' states to the output or to their partial slots.
   auto finish_item = [&]() {
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
       row_sum[h] += __shfl_xor_sync(0xffffffffu, row_sum[h], 1);
       row_sum[h] += __shfl_xor_sync(0xffffffffu, row_sum[h], 2);
     }
-    const int warps_n = C::kWarps / warps_m;
-    if (warps_n > 1) {  // CTA-uniform: every warp reaches the barrier
+    if (warps_n > 1) {  // uniform over the consumers: every one reaches both barriers
+      constexpr int kMax = 16 * C::kReduceStride;  // then 16 maxima, then 16 sums
       if (wn > 0) {
-        float* slot = reduce + ((wn - 1) * warps_m + wm) * 16 * (kHeadDim + 2);
+        float* slot = reduce + ((wn - 1) * warps_m + wm) * C::kReduceSlotFloats;
 #pragma unroll
         for (int n = 0; n < kDimTiles; ++n) {
 #pragma unroll
-          for (int e = 0; e < 4; ++e) slot[(g + 8 * (e >> 1)) * kHeadDim + 8 * n + 2 * t + (e & 1)] = o_acc[n][e];
+          for (int h = 0; h < 2; ++h) {
+            *reinterpret_cast<float2*>(&slot[(g + 8 * h) * C::kReduceStride + 8 * n + 2 * t]) =
+                make_float2(o_acc[n][2 * h], o_acc[n][2 * h + 1]);
+          }
         }
         if (t == 0) {
 #pragma unroll
           for (int h = 0; h < 2; ++h) {
-            slot[16 * kHeadDim + g + 8 * h] = row_max[h];
-            slot[16 * kHeadDim + 16 + g + 8 * h] = row_sum[h];
+            slot[kMax + g + 8 * h] = row_max[h];
+            slot[kMax + 16 + g + 8 * h] = row_sum[h];
           }
         }
       }
-      __syncthreads();
-      if (wn > 0) return;
+      ptx::named_barrier(1, C::kConsumerThreads);
+      if (wn == 0) {
 #pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        float max = row_max[h];
-        for (int j = 1; j < warps_n; ++j) {
-          max = fmaxf(max, reduce[((j - 1) * warps_m + wm) * 16 * (kHeadDim + 2) + 16 * kHeadDim + g + 8 * h]);
-        }
-        const float own = exp2f(row_max[h] - max);
-        float sum = row_sum[h] * own;
-#pragma unroll
-        for (int n = 0; n < kDimTiles; ++n) {
-          o_acc[n][2 * h] *= own;
-          o_acc[n][2 * h + 1] *= own;
-        }
-        for (int j = 1; j < warps_n; ++j) {
-          const float* slot = reduce + ((j - 1) * warps_m + wm) * 16 * (kHeadDim + 2);
-          const float weight = exp2f(slot[16 * kHeadDim + g + 8 * h] - max);  // 0 for a warp with no token
-          sum += slot[16 * kHeadDim + 16 + g + 8 * h] * weight;
+        for (int h = 0; h < 2; ++h) {
+          float max = row_max[h];
+          for (int j = 1; j < warps_n; ++j) {
+            max = fmaxf(max, reduce[((j - 1) * warps_m + wm) * C::kReduceSlotFloats + kMax + g + 8 * h]);
+          }
+          const float own = exp2f(row_max[h] - max);
+          float sum = row_sum[h] * own;
 #pragma unroll
           for (int n = 0; n < kDimTiles; ++n) {
-            const float2 o = *reinterpret_cast<const float2*>(&slot[(g + 8 * h) * kHeadDim + 8 * n + 2 * t]);
-            o_acc[n][2 * h] += o.x * weight;
-            o_acc[n][2 * h + 1] += o.y * weight;
+            o_acc[n][2 * h] *= own;
+            o_acc[n][2 * h + 1] *= own;
           }
+          for (int j = 1; j < warps_n; ++j) {
+            const float* slot = reduce + ((j - 1) * warps_m + wm) * C::kReduceSlotFloats;
+            const float weight = exp2f(slot[kMax + g + 8 * h] - max);  // 0 for a warp with no token
+            sum += slot[kMax + 16 + g + 8 * h] * weight;
+#pragma unroll
+            for (int n = 0; n < kDimTiles; ++n) {
+              const float2 o = *reinterpret_cast<const float2*>(&slot[(g + 8 * h) * C::kReduceStride + 8 * n + 2 * t]);
+              o_acc[n][2 * h] += o.x * weight;
+              o_acc[n][2 * h + 1] += o.y * weight;
+            }
+          }
+          row_max[h] = max;
+          row_sum[h] = sum;
         }
-        row_max[h] = max;
-        row_sum[h] = sum;
       }
+      ptx::named_barrier(1, C::kConsumerThreads);  // the buffer is free for the next item
+      if (wn > 0) return;
     }
+    const attention::UnitQuery* queries = query_ring + query_slot * C::kMaxRows;
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
       const int row = wm * 16 + g + 8 * h;
-      if (row >= unit.rows) continue;
-      const attention::UnitQuery uq = p.unit_queries[unit.query_begin + row / p.group];
+      if (row >= rows) continue;
+      const attention::UnitQuery uq = queries[row / p.group];
       const int head = row % p.group;
       const float inv = 1.f / row_sum[h];  // >= 1: the row's max token contributes exp2(0)
       const float lse = row_max[h] * float(M_LN2) + logf(row_sum[h]);
       if (uq.piece < 0) {
-        const int64_t out_row = int64_t(uq.seq) * p.num_q_heads + int64_t(unit.kv_head) * p.group + head;
+        const int64_t out_row = int64_t(uq.seq) * p.num_q_heads + int64_t(kv_head) * p.group + head;
         uint32_t* dst = reinterpret_cast<uint32_t*>(static_cast<T*>(p.out) + out_row * kHeadDim);
 #pragma unroll
         for (int n = 0; n < kDimTiles; ++n) dst[n * 4 + t] = ptx::pack2<T>(o_acc[n][2 * h] * inv, o_acc[n][2 * h + 1] * inv);
         if (p.lse && t == 0) p.lse[out_row] = lse;
       } else {
-        const int64_t slot = (int64_t(unit.kv_head) * p.num_pieces + uq.piece) * p.group + head;
+        const int64_t slot = (int64_t(kv_head) * p.num_pieces + uq.piece) * p.group + head;
         float2* dst = reinterpret_cast<float2*>(p.partial_o + slot * kHeadDim);
 #pragma unroll
         for (int n = 0; n < kDimTiles; ++n) dst[n * 4 + t] = make_float2(o_acc[n][2 * h] * inv, o_acc[n][2 * h + 1] * inv);
@@ -323,38 +446,34 @@ __global__ void __launch_bounds__(PrefixTiledConfig<kHeadDim>::kThreads, 1)
     }
   };
 
-  // ---- The pipeline: kStages - 1 tiles in flight ahead of the one computed, one commit group
-  // per tile (empty past the CTA's last tile) so that wait_group counts tiles.
-  TileRef ref;
 #pragma unroll 1
-  for (int stage = 0; stage < C::kStages - 1; ++stage) {
-    prepare(ref);
-    issue(ref, stage);
-    ptx::cp_async_commit();
-  }
-  prepare(ref);
-  int n = 0, tile = 0;  // the computing position
+  for (int step = 0;; ++step) {
+    const int stage = step % C::kStages;
+    ptx::mbarrier_wait(full_barrier(stage), (step / C::kStages) & 1);
+    const volatile PrefixTileDesc& d = stage_desc[stage];
+    if (d.kv_head < 0) break;
+    const int tile = d.tile;
+    const bool last = d.last;
+    const bool solo = tile == 0 && last && d.rows <= 16;
+    const bool mine = !solo || warp == stage % C::kConsumerWarps;
+    if (mine) {
+      if (tile == 0) {
+        num_tokens = d.num_tokens;
+        rows = d.rows;
+        kv_head = d.kv_head;
+        query_slot = d.query_slot;
+        start_item(stage, solo);
+      }
+      const int token0 = tile * C::kTileTokens;
 #pragma unroll 1
-  for (int iteration = 0; ordinal(n) < p.num_items; ++iteration) {
-    ptx::cp_async_wait<C::kStages - 2>();
-    __syncthreads();  // the tile landed for every thread; every warp is done with the stage reloaded next
-    issue(ref, (iteration + C::kStages - 1) % C::kStages);
-    ptx::cp_async_commit();
-    prepare(ref);  // its loads are in flight while this tile is computed
-    const int stage = iteration % C::kStages;
-    if (tile == 0) start_item(n, stage);
-    const int token0 = tile * C::kTileTokens;
-#pragma unroll 1
-    for (int first = wn * slice; first < (wn + 1) * slice && token0 + first < unit.num_tokens; first += 16) {
-      compute_chunk(stage, first, token0);
+      for (int first = wn * slice; first < (wn + 1) * slice && token0 + first < num_tokens; first += 16) {
+        compute_chunk(stage, first, token0);
+      }
     }
-    if (++tile == num_tiles(unit)) {
-      finish_item();
-      tile = 0;
-      ++n;
-    }
+    __syncwarp();
+    if (lane == 0) ptx::mbarrier_arrive(empty_barrier(stage));  // this warp is done with the stage
+    if (mine && last) finish_item();
   }
-  ptx::cp_async_wait<0>();  // nothing may be in flight into shared memory when the CTA exits
 }
 
 }  // namespace pagoda::cuda

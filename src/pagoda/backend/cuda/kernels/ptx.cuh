@@ -47,6 +47,47 @@ __device__ __forceinline__ void prefetch_l2_evict_last(const void* src) {
   asm volatile("prefetch.global.L2::evict_last [%0];" ::"l"(src) : "memory");
 }
 
+// Small global -> shared copies through L1 (4 or 8 bytes: metadata such as block ids).
+template <int kBytes>
+__device__ __forceinline__ void cp_async_small(uint32_t dst, const void* src) {
+  static_assert(kBytes == 4 || kBytes == 8);
+  asm volatile("cp.async.ca.shared.global [%0], [%1], %2;" ::"r"(dst), "l"(src), "n"(kBytes) : "memory");
+}
+__device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.wait_all;" ::: "memory"); }
+
+// mbarriers (sm_80+; the counted arrive sm_90): a phase completes when `count` arrivals have
+// come; waiters name the phase by its parity. Producer/consumer pipelines use one "full" and one
+// "empty" barrier per stage.
+__device__ __forceinline__ void mbarrier_init(uint32_t bar, uint32_t count) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(bar), "r"(count) : "memory");
+}
+__device__ __forceinline__ void mbarrier_arrive(uint32_t bar, uint32_t count = 1) {
+  [[maybe_unused]] uint64_t state;  // the phase arrived on; unused
+  asm volatile("mbarrier.arrive.release.cta.shared::cta.b64 %0, [%1], %2;" : "=l"(state) : "r"(bar), "r"(count) : "memory");
+}
+// An arrival on `bar` once every cp.async this thread has issued so far has landed; it does not
+// raise the phase's expected count (the barrier's init count includes it).
+__device__ __forceinline__ void cp_async_mbarrier_arrive(uint32_t bar) {
+  asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];" ::"r"(bar) : "memory");
+}
+__device__ __forceinline__ void mbarrier_wait(uint32_t bar, uint32_t parity) {
+  asm volatile(
+      "{\n"
+      ".reg .pred done;\n"
+      "wait:\n"
+      "mbarrier.try_wait.parity.acquire.cta.shared::cta.b64 done, [%0], %1;\n"
+      "@!done bra wait;\n"
+      "}\n" ::"r"(bar),
+      "r"(parity)
+      : "memory");
+}
+
+// A barrier among `threads` threads (a multiple of 32) of the CTA, numbered `id` (1-15; 0 is
+// __syncthreads): the warps of one role synchronize without the others.
+__device__ __forceinline__ void named_barrier(int id, int threads) {
+  asm volatile("bar.sync %0, %1;" ::"r"(id), "r"(threads) : "memory");
+}
+
 // Asynchronous prefetch of [src, src + bytes) into L2 (sm_90). bytes: a multiple of 16, src
 // 16-byte aligned. Nothing waits for it: a later load simply hits L2.
 __device__ __forceinline__ void prefetch_l2(const void* src, uint32_t bytes) {

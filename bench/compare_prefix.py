@@ -1,0 +1,160 @@
+#!/usr/bin/env python3
+"""Prefix-aware decode attention against its targets: pagoda, PAT and FlashInfer on one table.
+
+Reads `pagoda bench prefix-attention` JSON, optionally bench/flashinfer_prefix.py JSON from the same
+device session, and the public PAT kernel's figures (shared/workloads/pat_reference.md), and writes
+a markdown table plus a plot. Each row holds:
+
+  * frac: unique KV bytes / median time / streaming-read bandwidth measured in pagoda's run. PAT's
+    `frac` is the same measure on its own H200 run (device-normalized, so it compares across GPUs);
+  * target: min(1.5 x PAT frac, 0.95) for batches with sharing (issue 6);
+  * of bound: max(unique bytes / bandwidth, FLOPs / mma.sync peak) / time;
+  * FlashInfer's BatchDecodeWithPagedKVCacheWrapper (better of its two kernels) and
+    MultiLevelCascadeAttentionWrapper, and pagoda's speed-up over the cascade;
+  * the decode-attention kernel of issue 3 on the same batch.
+
+Usage:
+  python3 bench/compare_prefix.py prefix_attention.json --flashinfer flashinfer_prefix.json \
+      --pat ../shared/workloads/pat_reference.md --md prefix_attention.md --plot prefix_attention.png
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import re
+import sys
+
+
+def load_pat(path: str) -> dict[tuple[str, str], float]:
+    """(tree, 'q/kv') -> PAT frac, from the markdown table of pat_reference.md."""
+    pat = {}
+    with open(path) as f:
+        for line in f:
+            cells = [c.strip() for c in line.strip().strip("|").split("|")]
+            if len(cells) == 6 and cells[0].startswith("`"):
+                try:
+                    pat[(cells[0].strip("`"), cells[1])] = float(cells[5])
+                except ValueError:
+                    pass
+    return pat
+
+
+def geomean(values: list[float]) -> float:
+    return math.exp(sum(math.log(v) for v in values) / len(values)) if values else float("nan")
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("pagoda", help="pagoda bench prefix-attention JSON")
+    ap.add_argument("--flashinfer", help="bench/flashinfer_prefix.py JSON from the same session")
+    ap.add_argument("--pat", required=True, help="shared/workloads/pat_reference.md")
+    ap.add_argument("--md", help="write the markdown table here")
+    ap.add_argument("--plot", help="write a PNG plot here (needs matplotlib)")
+    args = ap.parse_args()
+
+    with open(args.pagoda) as f:
+        run = json.load(f)
+    pat = load_pat(args.pat)
+    fi = {}
+    if args.flashinfer:
+        with open(args.flashinfer) as f:
+            for c in json.load(f)["configs"]:
+                fi[(c["tree"], f"{c['q_heads']}/{c['kv_heads']}")] = c
+
+    rows, shared_bound, met, total_targets, beat_cascade, cascade_rows = [], [], 0, 0, 0, 0
+    for c in run["configs"]:
+        key = (c["tree"], f"{c['q_heads']}/{c['kv_heads']}")
+        sharing = "_" in c["tree"] and "," in c["tree"].split("_")[0]
+        frac = c["prefix"]["frac"]
+        of_bound = c["prefix"]["of_bound"]
+        pat_frac = pat.get(key)
+        target = min(1.5 * pat_frac, 0.95) if (pat_frac is not None and sharing) else None
+        if target is not None:
+            total_targets += 1
+            met += frac >= target
+        if sharing:
+            shared_bound.append(of_bound)
+        f = fi.get(key, {})
+        cascade = f.get("cascade_us")
+        speedup = cascade / c["prefix"]["median_us"] if cascade else None
+        if speedup is not None:
+            cascade_rows += 1
+            beat_cascade += speedup >= 1.0
+        rows.append({
+            "tree": c["tree"], "heads": key[1], "unique_mb": c["unique_kv_bytes"] / 1e6,
+            "bound_us": c["bound"]["bound_us"], "which": c["bound"]["which"][0],
+            "us": c["prefix"]["median_us"], "frac": frac, "of_bound": of_bound,
+            "pat": pat_frac, "target": target, "decode_us": c["decode"]["median_us"],
+            "fi_decode_us": f.get("decode_us"), "fi_cascade_us": cascade, "vs_cascade": speedup,
+        })
+
+    def fmt(v, spec):
+        return "-" if v is None else format(v, spec)
+
+    lines = [
+        f"pagoda prefix attention on {run['device']} ({run['sm_count']} SMs), {run['dtype']}, head_dim "
+        f"{run['head_dim']}, block {run['block_size']}; streaming read {run['stream_read_gbps']:.0f} GB/s, "
+        f"mma.sync {run['mma_peak_tflops']:.0f} TFLOP/s (both measured in the run), commit {run['commit']}",
+        "",
+        "| batch | heads | unique MB | bound µs | pagoda µs | frac | of bound | PAT frac | target | met "
+        "| issue-3 kernel µs | FI decode µs | FI cascade µs | vs cascade |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+    ]
+    for r in rows:
+        ok = "-" if r["target"] is None else ("yes" if r["frac"] >= r["target"] else "**no**")
+        lines.append(
+            f"| `{r['tree']}` | {r['heads']} | {r['unique_mb']:.1f} | {r['bound_us']:.1f} {r['which']} "
+            f"| {r['us']:.1f} | {r['frac']:.2f} | {r['of_bound']:.2f} | {fmt(r['pat'], '.2f')} "
+            f"| {fmt(r['target'], '.2f')} | {ok} | {r['decode_us']:.1f} | {fmt(r['fi_decode_us'], '.1f')} "
+            f"| {fmt(r['fi_cascade_us'], '.1f')} | {fmt(r['vs_cascade'], '.2f')}x |")
+    nosharing = [r for r in rows if r["tree"] == "256_4096"]
+    lines += [
+        "",
+        "bound: m = memory (unique KV bytes / streaming read), c = compute (FLOPs / mma.sync peak). frac: "
+        "unique KV bytes / time / streaming read. target: min(1.5 x PAT frac, 0.95).",
+        "",
+        f"- PAT targets met: {met} of {total_targets}",
+        f"- geometric mean of the bound reached over the batches with sharing: {geomean(shared_bound):.3f} "
+        f"(target 0.6)",
+    ]
+    if cascade_rows:
+        lines.append(f"- at least FlashInfer's cascade speed: {beat_cascade} of {cascade_rows}")
+    for r in nosharing:
+        lines.append(f"- `256_4096` {r['heads']}: {r['of_bound']:.3f} of the bound (target 0.95), "
+                     f"{r['decode_us'] / r['us']:.3f}x the issue-3 kernel (target 0.98)")
+    text = "\n".join(lines) + "\n"
+    print(text)
+    if args.md:
+        with open(args.md, "w") as f:
+            f.write(text)
+
+    if args.plot:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+        labels = [f"{r['tree']}\n{r['heads']}" for r in rows]
+        x = range(len(rows))
+        fig, ax = plt.subplots(figsize=(max(12, len(rows) * 0.55), 5.5))
+        width = 0.28
+        ax.bar([i - width for i in x], [r["frac"] for r in rows], width, label="pagoda frac")
+        ax.bar(list(x), [r["pat"] or 0 for r in rows], width, label="PAT frac (H200, published)")
+        fi_frac = [r["unique_mb"] * 1e6 / (r["fi_cascade_us"] * 1e-6) / (run["stream_read_gbps"] * 1e9)
+                   if r["fi_cascade_us"] else 0 for r in rows]
+        ax.bar([i + width for i in x], fi_frac, width, label="FlashInfer cascade frac")
+        ax.scatter(list(x), [r["target"] if r["target"] is not None else float("nan") for r in rows],
+                   marker="_", s=300, color="black", label="target", zorder=3)
+        ax.set_xticks(list(x))
+        ax.set_xticklabels(labels, rotation=90, fontsize=7)
+        ax.set_ylabel("unique KV bytes / time / streaming-read bandwidth")
+        ax.set_title(f"Prefix-aware decode attention, {run['device']}")
+        ax.set_ylim(0, 1.1)
+        ax.legend(fontsize=8)
+        fig.tight_layout()
+        fig.savefig(args.plot, dpi=110)
+        print(f"wrote {args.plot}", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
