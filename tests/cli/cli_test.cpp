@@ -100,6 +100,30 @@ TEST(Cli, BenchAttentionRejectsBadFlags) {
 #endif
 }
 
+// The planner's figures need no GPU: unique KV, the bytes the plan reads, planning times.
+TEST(Cli, BenchPrefixAttentionPlansWithoutAGpu) {
+  const Result r = run("bench prefix-attention --plan-only --tree '1,4,16_128,256,1024;256_64' --heads 32/8");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  // Unique KV of 1,4,16_128,256,1024 at 8 kv heads: (128 + 4 x 256 + 16 x 1024) tokens x 8 heads x
+  // 128 dims x 2 bytes x (K and V) = 71.8 MB.
+  EXPECT_NE(r.output.find("1,4,16_128,256,1024"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find(" 71.8 "), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("256_64"), std::string::npos) << r.output;
+}
+
+TEST(Cli, BenchPrefixAttentionRejectsBadFlags) {
+  expect_error("bench prefix-attention --plan-only --tree 1,4", "COUNTS_LENGTHS");
+  expect_error("bench prefix-attention --plan-only --tree 1,4_16", "2 counts but 1 lengths");
+  expect_error("bench prefix-attention --plan-only --tree 2,3_16,16", "not a multiple");
+  expect_error("bench prefix-attention --plan-only --tree 1,2_20,16", "whole blocks");
+  expect_error("bench prefix-attention --plan-only --heads 64/4", "GQA groups");
+  expect_error("bench prefix-attention --plan-only --head-dim 96", "--head-dim");
+  expect_error("generate -p hi --attention fast", "--attention must be auto, paged or prefix");
+#if !PAGODA_HAVE_CUDA
+  expect_error("bench prefix-attention", "without CUDA");
+#endif
+}
+
 TEST(Cli, ServeRejectsBadFlags) {
   expect_error("serve --port 70000", "--port");
   expect_error("serve --max-queue 0", "--max-queue");

@@ -188,6 +188,33 @@ TEST_F(EngineTest, ConcurrentRequestsShareAPrefix) {
   expect_only_cached_blocks_remain(engine);
 }
 
+// The same requests decoded with prefix-aware attention (forced on, and chosen by auto because
+// the cached prefix is shared) and with paged attention give the same greedy tokens.
+TEST_F(EngineTest, PrefixAttentionKeepsGreedyOutputs) {
+  std::vector<int32_t> shared = concat(golden_[0].ids, golden_[2].ids);
+  shared.resize(40);  // 2 whole blocks and half of a third
+  std::vector<Request> requests;
+  for (size_t k = 0; k < 5; ++k) {
+    const auto suffix = golden_[3].ids.begin() + ptrdiff_t(3 * k);
+    requests.push_back({.prompt = concat(shared, std::vector<int32_t>(suffix, suffix + 7 + k)), .params = greedy(12)});
+  }
+  auto run_with = [&](LoadOptions::Attention attention) {
+    Model model(*checkpoint_, *backend_, LoadOptions{.show_progress = false, .attention = attention});
+    Engine engine(model, *tokenizer_, {.num_kv_blocks = 64, .max_batch = 5, .max_step_tokens = 64});
+    std::vector<std::vector<int32_t>> tokens = run_all(engine, requests);
+    expect_only_cached_blocks_remain(engine);
+    return std::pair{tokens, model.prefix_steps()};
+  };
+  const auto [paged, paged_steps] = run_with(LoadOptions::Attention::kPaged);
+  const auto [prefix, prefix_steps] = run_with(LoadOptions::Attention::kPrefix);
+  const auto [automatic, auto_steps] = run_with(LoadOptions::Attention::kAuto);
+  EXPECT_EQ(paged_steps, 0);
+  EXPECT_GE(prefix_steps, 11);  // every decode step
+  EXPECT_GE(auto_steps, 1);     // the steps whose sequences share the cached blocks
+  EXPECT_EQ(prefix, paged);
+  EXPECT_EQ(automatic, paged);
+}
+
 // More requests than the pool could hold at once, with a few cached prefixes among them: cached
 // blocks are evicted to make room (else admission would stall), every request finishes with
 // the output it has alone, and no request's block is left behind.

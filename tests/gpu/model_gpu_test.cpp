@@ -113,6 +113,69 @@ TEST(GpuModel, RandomLlama3AndQwen25ShapesMatchTheCpuBackend) {
   }
 }
 
+// Decode steps over a shared prefix, as after prefix-cache hits: three sequences read the blocks
+// of one 40-token prompt prefix and then their own. The GPU with prefix-aware attention, the GPU
+// with paged attention and the CPU backend give the same logits at every step.
+TEST(GpuModel, PrefixAttentionMatchesPagedAttentionAndTheCpu) {
+  if (!cuda::device_available()) GTEST_SKIP() << "no CUDA device";
+  const fs::path dir = fs::temp_directory_path() / "pagoda-gpu-test-prefix";
+  const std::string command = std::string(PAGODA_BINARY) + " make-model --arch llama3-8b --layers 2 --dtype fp16 --out " +
+                              dir.string() + " > /dev/null";
+  ASSERT_EQ(std::system(command.c_str()), 0) << command;
+  const Checkpoint checkpoint = Checkpoint::open(dir.string());
+  std::mt19937 rng(11);
+  auto tokens = [&](size_t n) {
+    std::vector<int32_t> ids(n);
+    for (int32_t& id : ids) id = int32_t(rng() % 256);
+    return ids;
+  };
+  const std::vector<int32_t> prefix = tokens(40);  // blocks 0-2, the last one partly filled
+  const std::vector<std::vector<int32_t>> suffixes{tokens(9), tokens(23), tokens(3)};
+  // Tables: the 3 prefix blocks (the third copied per sequence, as copy on write would), then own.
+  const std::vector<std::vector<int32_t>> tables{{0, 1, 2, 3, 4, 5}, {0, 1, 6, 7, 8, 9}, {0, 1, 10, 11, 12, 13}};
+
+  auto run = [&](Backend& backend, LoadOptions::Attention attention, int64_t* prefix_steps) {
+    Model model(checkpoint, backend, LoadOptions{.show_progress = false, .attention = attention});
+    model.allocate_kv_cache(kNumBlocks, kBlockSize);
+    std::vector<std::vector<float>> logits;
+    std::vector<int32_t> lengths;
+    for (size_t s = 0; s < 3; ++s) {  // prefill each whole prompt (the shared blocks hold equal KV)
+      std::vector<int32_t> prompt = prefix;
+      prompt.insert(prompt.end(), suffixes[s].begin(), suffixes[s].end());
+      const SequenceChunk chunk{.tokens = prompt, .start_pos = 0, .block_ids = tables[s], .want_logits = true};
+      model.run(std::span(&chunk, 1));
+      lengths.push_back(int32_t(prompt.size()));
+    }
+    for (int step = 0; step < 12; ++step) {  // decode: every row attends over the shared prefix
+      std::vector<std::vector<int32_t>> next(3);
+      std::vector<SequenceChunk> chunks;
+      for (size_t s = 0; s < 3; ++s) {
+        next[s] = {int32_t((step * 7 + s * 13) % 256)};
+        chunks.push_back({.tokens = next[s], .start_pos = lengths[s], .block_ids = tables[s], .want_logits = true});
+        ++lengths[s];
+      }
+      const std::span<const float> out = model.forward(chunks);
+      logits.emplace_back(out.begin(), out.end());
+    }
+    *prefix_steps = model.prefix_steps();
+    return logits;
+  };
+  CpuBackend cpu_backend;
+  CudaBackend prefix_backend(DType::kF16), paged_backend(DType::kF16);
+  int64_t cpu_steps = 0, prefix_steps = 0, paged_steps = 0;
+  const auto cpu = run(cpu_backend, LoadOptions::Attention::kPaged, &cpu_steps);
+  const auto prefix_logits = run(prefix_backend, LoadOptions::Attention::kPrefix, &prefix_steps);
+  const auto paged = run(paged_backend, LoadOptions::Attention::kPaged, &paged_steps);
+  EXPECT_EQ(prefix_steps, 12);
+  EXPECT_EQ(paged_steps, 0);
+  const double vs_paged = worst_diff(prefix_logits, paged), vs_cpu = worst_diff(prefix_logits, cpu);
+  std::printf("  prefix attention: max |prefix - paged| = %.2e, |prefix - cpu| = %.2e of the logit range\n", vs_paged,
+              vs_cpu);
+  EXPECT_LE(vs_paged, kLogitTolerance);
+  EXPECT_LE(vs_cpu, kLogitTolerance);
+  fs::remove_all(dir);
+}
+
 // A KV cache larger than the GPU: a clear error naming what was needed and what was free.
 TEST(GpuModel, OutOfMemorySaysWhatWasNeededAndFree) {
   if (!cuda::device_available()) GTEST_SKIP() << "no CUDA device";

@@ -16,6 +16,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <span>
 #include <string>
 #include <vector>
@@ -23,6 +24,7 @@
 #include "pagoda/core/error.h"
 #include "pagoda/core/tensor.h"
 #include "pagoda/attention/plan.h"
+#include "pagoda/attention/prefix_plan.h"
 #include "pagoda/kv/kv_cache.h"
 
 namespace pagoda {
@@ -51,7 +53,9 @@ struct StepBatch {
   std::span<const float> rope_inv_freq;  // [head_dim / 2]
   attention::AttentionShape shape;
   attention::DecodeBatch decode_batch;  // the decode sequences, rows [0, num_seqs())
-  attention::DecodePlan decode_plan;
+  attention::DecodePlan decode_plan;    // how they attend, unless prefix is set
+  bool prefix = false;                  // they attend by prefix_plan (prefix-aware packing)
+  attention::PrefixPlan prefix_plan;
   // > 0: a decode-only step padded to this many rows (padding rows have no sequence, store no
   // K/V and attend to nothing) so that a backend can replay one CUDA graph per padded size.
   int32_t graph_rows = 0;
@@ -122,6 +126,16 @@ class Backend {
 
   // What the decode planner needs to know (parallel workers available to split KV across).
   virtual attention::DeviceInfo device_info() const = 0;
+
+  // How to plan prefix-aware decode attention (attention/prefix_plan.h) for this shape, or
+  // nullopt when the backend cannot run it.
+  struct PrefixPlanning {
+    attention::PrefixPlanOptions options;
+    attention::DeviceInfo device;
+  };
+  virtual std::optional<PrefixPlanning> prefix_planning(const attention::AttentionShape& /*shape*/) const {
+    return std::nullopt;
+  }
 
   // Decode-only steps of `rows` sequences whose plan does not split KV are padded to this many
   // rows and run through run_graph; 0: never (the CPU backend).

@@ -60,6 +60,9 @@ void add_model_flags(CLI::App& app, ModelFlags& flags) {
   app.add_option("--weight-dtype", flags.weight_dtype,
                  "storage of quantized weights: auto (default: f16, bf16 for a bf16 checkpoint), f16, bf16 or f32; on "
                  "the GPU, of every weight and activation");
+  app.add_option("--attention", flags.attention,
+                 "decode attention: paged (a work item per sequence), prefix (prefix-aware packing: blocks the "
+                 "batch shares are read once), or auto (default: prefix when packing halves the KV a step reads)");
   app.add_option("-t,--threads", flags.threads, "CPU threads (default: all cores)");
   app.add_option("--kv-memory-mb", flags.kv_memory_mb, "memory for the KV cache in MiB (default 1024)");
   app.add_option("--max-batch", flags.max_batch, "sequences in flight (default 16)");
@@ -103,8 +106,16 @@ Session::Session(const ModelFlags& flags)
   if (flags.step_tokens < 1 || flags.step_tokens > 65536)
     fail(ErrorKind::kInvalidArgument, "--step-tokens must be in [1, 65536]");
   const DType weight_dtype = parse_weight_dtype(flags.weight_dtype, checkpoint);
+  LoadOptions::Attention attention = LoadOptions::Attention::kAuto;
+  if (flags.attention == "paged") {
+    attention = LoadOptions::Attention::kPaged;
+  } else if (flags.attention == "prefix") {
+    attention = LoadOptions::Attention::kPrefix;
+  } else if (flags.attention != "auto") {
+    fail(ErrorKind::kInvalidArgument, "--attention must be auto, paged or prefix, not '{}'", flags.attention);
+  }
   backend = make_backend(flags.backend, weight_dtype);
-  model = std::make_unique<Model>(checkpoint, *backend, LoadOptions{.weight_dtype = weight_dtype});
+  model = std::make_unique<Model>(checkpoint, *backend, LoadOptions{.weight_dtype = weight_dtype, .attention = attention});
   engine_options = EngineOptions{.kv_memory_bytes = size_t(flags.kv_memory_mb) << 20,
                                  .max_batch = flags.max_batch,
                                  .max_step_tokens = flags.step_tokens};

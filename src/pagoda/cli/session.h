@@ -21,6 +21,7 @@ struct ModelFlags {
   std::string path;  // empty: the default model
   std::string backend = "auto";  // cpu, cuda, or auto: cuda when built with it and a GPU is present
   std::string weight_dtype = "auto";  // f16, bf16, f32, or auto: see add_model_flags
+  std::string attention = "auto";     // auto, paged or prefix (LoadOptions::Attention)
   int threads = 0;   // 0: all cores
   int kv_memory_mb = 1024;
   int max_batch = 16;

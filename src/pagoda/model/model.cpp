@@ -8,7 +8,18 @@
 namespace pagoda {
 
 Model::Model(const Checkpoint& checkpoint, Backend& backend, const LoadOptions& options)
-    : config_(checkpoint.config()), backend_(backend), weights_(load_weights(checkpoint, backend, options)) {}
+    : config_(checkpoint.config()),
+      backend_(backend),
+      weights_(load_weights(checkpoint, backend, options)),
+      attention_mode_(options.attention) {}
+
+attention::AttentionShape Model::attention_shape() const {
+  return {.num_q_heads = config_.num_q_heads,
+          .num_kv_heads = config_.num_kv_heads,
+          .head_dim = config_.head_dim,
+          .block_size = kv_block_size_,
+          .softmax_scale = 1.f / std::sqrt(float(config_.head_dim))};
+}
 
 size_t Model::weight_bytes() const {
   size_t bytes = 0;
@@ -19,6 +30,17 @@ size_t Model::weight_bytes() const {
 size_t Model::allocate_kv_cache(int32_t num_blocks, int32_t block_size) {
   kv_block_size_ = block_size;
   kv_num_blocks_ = num_blocks;
+  prefix_planner_.reset();
+  if (attention_mode_ != LoadOptions::Attention::kPaged) {
+    const auto planning = backend_.prefix_planning(attention_shape());
+    if (planning) {
+      prefix_planner_.emplace(attention_shape(), planning->device, planning->options);
+    } else if (attention_mode_ == LoadOptions::Attention::kPrefix) {
+      fail(ErrorKind::kUnsupported, "--attention prefix: the {} backend cannot run prefix-aware attention for {} q "
+           "heads, {} kv heads, head_dim {}", backend_.name(), config_.num_q_heads, config_.num_kv_heads,
+           config_.head_dim);
+    }
+  }
   return backend_.allocate_kv_cache(kv::KvCacheConfig{.num_layers = config_.num_layers,
                                                       .num_blocks = num_blocks,
                                                       .block_size = block_size,
@@ -54,13 +76,31 @@ void Model::reserve(int64_t rows, int64_t logit_rows) {
   }
 }
 
-StepBatch Model::plan_step(std::span<const SequenceChunk> chunks) const {
+// Whether any two sequences share a block. Shared prefixes start at block 0, so comparing the
+// first blocks is enough.
+static bool shares_blocks(const attention::DecodeBatch& batch) {
+  std::vector<int32_t> first;
+  for (int32_t s = 0; s < batch.num_seqs(); ++s) {
+    if (!batch.blocks_of(s).empty()) first.push_back(batch.blocks_of(s)[0]);
+  }
+  std::sort(first.begin(), first.end());
+  return std::adjacent_find(first.begin(), first.end()) != first.end();
+}
+
+// Whether the prefix plan reads at most half the KV tokens that one item per sequence would. auto
+// asks for that much: below it the paged kernel, replayed as a CUDA graph and faster on short
+// private tails, wins (a Mooncake trace replay on an H100 was 1.9% slower in TPOT with prefix
+// attention on every step that shared a block; bench/results/nvidia-h100-80gb-hbm3/README.md).
+static bool reads_at_most_half(const attention::PrefixPlan& plan, const attention::DecodeBatch& batch) {
+  int64_t packed = 0, unpacked = 0;
+  for (const attention::PrefixUnit& unit : plan.units) packed += unit.num_tokens;
+  for (int32_t length : batch.kv_lengths) unpacked += length;
+  return 2 * packed <= unpacked;
+}
+
+StepBatch Model::plan_step(std::span<const SequenceChunk> chunks) {
   StepBatch step;
-  step.shape = attention::AttentionShape{.num_q_heads = config_.num_q_heads,
-                                         .num_kv_heads = config_.num_kv_heads,
-                                         .head_dim = config_.head_dim,
-                                         .block_size = kv_block_size_,
-                                         .softmax_scale = 1.f / std::sqrt(float(config_.head_dim))};
+  step.shape = attention_shape();
   step.rope_inv_freq = weights_.rope_inv_freq;
   for (const SequenceChunk& chunk : chunks) {
     const int64_t end = int64_t(chunk.start_pos) + int64_t(chunk.tokens.size());
@@ -108,6 +148,16 @@ StepBatch Model::plan_step(std::span<const SequenceChunk> chunks) const {
 
   const int32_t num_decode = step.decode_batch.num_seqs();
   if (num_decode == 0) return step;
+  if (prefix_planner_ &&
+      (attention_mode_ == LoadOptions::Attention::kPrefix || shares_blocks(step.decode_batch))) {
+    const attention::PrefixPlan& plan = prefix_planner_->plan(step.decode_batch);
+    if (attention_mode_ == LoadOptions::Attention::kPrefix || reads_at_most_half(plan, step.decode_batch)) {
+      step.prefix = true;  // not replayed as a graph: the plan's items change from step to step
+      step.prefix_plan = plan;
+      ++prefix_steps_;
+      return step;
+    }
+  }
   const attention::DeviceInfo device = backend_.device_info();
   // A decode-only step the backend replays as a graph: padded to the graph's size with rows
   // that store nothing and attend to nothing, as long as the padded plan needs no split (a graph

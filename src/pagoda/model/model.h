@@ -8,6 +8,7 @@
 #pragma once
 
 #include <memory>
+#include <optional>
 #include <span>
 #include <vector>
 
@@ -56,9 +57,12 @@ class Model {
   std::vector<int32_t> sample(std::span<const SamplingRow> rows, int32_t valid_vocab);
   // run(chunks), then download_logits().
   std::span<const float> forward(std::span<const SequenceChunk> chunks);
+  // Steps so far whose decode rows attended prefix-aware (LoadOptions::attention).
+  int64_t prefix_steps() const { return prefix_steps_; }
 
  private:
-  StepBatch plan_step(std::span<const SequenceChunk> chunks) const;
+  StepBatch plan_step(std::span<const SequenceChunk> chunks);
+  attention::AttentionShape attention_shape() const;
   void forward_layers(const StepBatch& step);
 
   ModelConfig config_;
@@ -66,6 +70,11 @@ class Model {
   ModelWeights weights_;
   int32_t kv_block_size_ = 0;
   int32_t kv_num_blocks_ = 0;
+  LoadOptions::Attention attention_mode_;
+  // Made with the KV cache when decode steps may attend prefix-aware; it keeps the last step's
+  // plan, so a step whose sequences only grew updates it instead of planning anew.
+  std::optional<attention::PrefixPlanner> prefix_planner_;
+  int64_t prefix_steps_ = 0;
 
   // Activations, sized for the largest step so far. A CUDA graph captured over them is keyed by
   // workspace_generation_, which changes whenever they are reallocated.

@@ -35,6 +35,12 @@ struct LoadOptions {
   // whose activations are f16 or bf16 stores every weight in that type instead.
   DType weight_dtype = DType::kF16;
   bool show_progress = true;
+  // How decode steps attend: kPaged, one work item per sequence (split when the batch is small);
+  // kPrefix, prefix-aware packing (attention/prefix_plan.h), so that blocks the batch shares are
+  // read once; kAuto, prefix packing when the backend can and its plan reads at most half the KV
+  // tokens of one item per sequence.
+  enum class Attention : uint8_t { kAuto, kPaged, kPrefix };
+  Attention attention = Attention::kAuto;
 };
 
 ModelWeights load_weights(const Checkpoint& checkpoint, Backend& backend, const LoadOptions& options);

@@ -110,10 +110,19 @@ void CpuBackend::attention(int layer, const StepBatch& step, const Tensor& q, Te
                                      out.ptr<float>() + s.row_begin * q_width);
   }
   // Decode rows lead the step: q and out rows [0, num_seqs) are the plan's sequences.
-  if (step.decode_batch.num_seqs() > 0)
+  if (step.decode_batch.num_seqs() == 0) return;
+  if (step.prefix) {
+    attention::run_prefix_cpu(step.prefix_plan, step.decode_batch, shape, pool, q.ptr<float>(), out.ptr<float>());
+  } else {
     attention::run_decode_cpu(step.decode_plan, step.decode_batch, shape, pool, q.ptr<float>(), out.ptr<float>());
+  }
 }
 
 attention::DeviceInfo CpuBackend::device_info() const { return {.num_workers = omp_get_max_threads()}; }
+
+// The CPU executor runs any plan; there an M tile only bounds the queries one item computes.
+std::optional<Backend::PrefixPlanning> CpuBackend::prefix_planning(const attention::AttentionShape&) const {
+  return PrefixPlanning{.options = {.kv_bytes_per_element = 4}, .device = device_info()};
+}
 
 }  // namespace pagoda

@@ -34,6 +34,7 @@ class CpuBackend final : public Backend {
   void rope_append_kv(int layer, const StepBatch& step, const Tensor& qkv, Tensor q) override;
   void attention(int layer, const StepBatch& step, const Tensor& q, Tensor out) override;
   attention::DeviceInfo device_info() const override;
+  std::optional<PrefixPlanning> prefix_planning(const attention::AttentionShape& shape) const override;
 
  private:
   std::unique_ptr<kv::KvCache> cache_;

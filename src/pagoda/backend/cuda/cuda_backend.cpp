@@ -92,7 +92,11 @@ void CudaBackend::begin_step(const StepBatch& step) {
   }
 
   num_decode_ = step.decode_batch.num_seqs();
-  if (num_decode_ > 0) {
+  prefix_step_ = step.prefix;
+  if (num_decode_ > 0 && prefix_step_) {
+    if (!prefix_tiles_) prefix_tiles_ = cuda::prefix_tiles(step.shape, dtype_);
+    prefix_.upload(step.prefix_plan, step.decode_batch, step.shape, *prefix_tiles_, stream_);
+  } else if (num_decode_ > 0) {
     make_room(decode_.items, step.decode_plan.items.size());
     make_room(decode_.block_ids, step.decode_batch.block_ids.size());
     decode_.upload(step.decode_plan, step.decode_batch, step.shape, stream_);
@@ -213,8 +217,18 @@ void CudaBackend::rope_append_kv(int layer, const StepBatch& step, const Tensor&
 
 void CudaBackend::attention(int layer, const StepBatch& step, const Tensor& q, Tensor out) {
   const PagedKv& kv = kv_layers_.at(size_t(layer));
-  if (num_decode_ > 0) cuda::decode_attention(decode_, step.shape, kv, q.data, out.data, nullptr, options_.decode, stream_);
+  if (num_decode_ > 0 && prefix_step_) {
+    cuda::prefix_attention(prefix_, step.shape, kv, q.data, out.data, nullptr, stream_);
+  } else if (num_decode_ > 0) {
+    cuda::decode_attention(decode_, step.shape, kv, q.data, out.data, nullptr, options_.decode, stream_);
+  }
   if (has_prefill_) cuda::prefill_attention(prefill_, step.shape, kv, q.data, out.data, stream_);
+}
+
+std::optional<Backend::PrefixPlanning> CudaBackend::prefix_planning(const attention::AttentionShape& shape) const {
+  if (cuda::prefix_shape_unsupported_reason(shape, dtype_)) return std::nullopt;
+  const cuda::PrefixTiles tiles = cuda::prefix_tiles(shape, dtype_);
+  return PrefixPlanning{.options = cuda::prefix_plan_options(tiles), .device = cuda::prefix_device_info(tiles)};
 }
 
 int32_t CudaBackend::graph_rows(int32_t rows) const {

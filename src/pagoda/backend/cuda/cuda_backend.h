@@ -17,6 +17,7 @@
 
 #include "pagoda/backend/backend.h"
 #include "pagoda/backend/cuda/decode_attention.h"
+#include "pagoda/backend/cuda/prefix_attention.h"
 #include "pagoda/backend/cuda/device_array.h"
 #include "pagoda/backend/cuda/gemm.h"
 #include "pagoda/backend/cuda/prefill_attention.h"
@@ -60,6 +61,7 @@ class CudaBackend final : public Backend {
   void rope_append_kv(int layer, const StepBatch& step, const Tensor& qkv, Tensor q) override;
   void attention(int layer, const StepBatch& step, const Tensor& q, Tensor out) override;
   attention::DeviceInfo device_info() const override { return device_info_; }
+  std::optional<PrefixPlanning> prefix_planning(const attention::AttentionShape& shape) const override;
 
   int32_t graph_rows(int32_t rows) const override;
   void run_graph(int32_t key, const std::function<void()>& body) override;
@@ -96,6 +98,9 @@ class CudaBackend final : public Backend {
   std::vector<float> rope_inv_freq_host_;  // what rope_inv_freq_ holds
   bool graph_step_ = false;                // the step is a padded decode step (GEMMs are tuned)
   cuda::DecodeWorkspace decode_;
+  cuda::PrefixWorkspace prefix_;
+  std::optional<cuda::PrefixTiles> prefix_tiles_;  // made at the first prefix step
+  bool prefix_step_ = false;  // the step's decode rows attend by its prefix plan
   cuda::PrefillWorkspace prefill_;
   int32_t num_decode_ = 0;
   bool has_prefill_ = false;

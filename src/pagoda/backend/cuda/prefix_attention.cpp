@@ -74,10 +74,15 @@ attention::PrefixPlanOptions prefix_plan_options(const PrefixTiles& tiles) {
 
 attention::DeviceInfo prefix_device_info(const PrefixTiles& tiles) { return {.num_workers = tiles.workers}; }
 
-const char* prefix_unsupported_reason(const attention::AttentionShape& shape, const PagedKv& kv) {
-  if (const char* reason = decode_unsupported_reason(shape, kv)) return reason;
+const char* prefix_shape_unsupported_reason(const attention::AttentionShape& shape, DType dtype) {
+  if (const char* reason = decode_shape_unsupported_reason(shape, dtype)) return reason;
   if (shape.head_dim != 64 && shape.head_dim != 128) return "head_dim must be 64 or 128";
   return nullptr;
+}
+
+const char* prefix_unsupported_reason(const attention::AttentionShape& shape, const PagedKv& kv) {
+  if (const char* reason = decode_unsupported_reason(shape, kv)) return reason;
+  return prefix_shape_unsupported_reason(shape, kv.dtype);
 }
 
 void PrefixWorkspace::upload(const attention::PrefixPlan& plan, const attention::DecodeBatch& batch,

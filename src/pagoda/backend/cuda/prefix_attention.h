@@ -45,8 +45,11 @@ PrefixTiles prefix_tiles(const attention::AttentionShape& shape, DType dtype);
 attention::PrefixPlanOptions prefix_plan_options(const PrefixTiles& tiles);
 attention::DeviceInfo prefix_device_info(const PrefixTiles& tiles);
 
-// Null when the kernel supports this shape and KV pool (f16 or bf16, head_dim 64 or 128, block
-// size 16, 32 or 64, GQA group 1 to 8, a device pool with 16-byte aligned rows); otherwise why not.
+// Null when the kernel supports this shape and KV dtype (f16 or bf16, head_dim 64 or 128, block
+// size 16, 32 or 64, GQA group 1 to 8); otherwise why not.
+const char* prefix_shape_unsupported_reason(const attention::AttentionShape& shape, DType dtype);
+
+// The same for a pool: its shape and dtype, and a device pool with 16-byte aligned rows.
 const char* prefix_unsupported_reason(const attention::AttentionShape& shape, const PagedKv& kv);
 
 // What a step's prefix attention reads from device memory, uploaded once per step and shared by
