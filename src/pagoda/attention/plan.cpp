@@ -13,6 +13,11 @@ void validate_decode_batch(const DecodeBatch& batch, const AttentionShape& shape
          "bad attention shape: {} q heads, {} kv heads, head dim {}, block size {}",
          shape.num_q_heads, shape.num_kv_heads, shape.head_dim, shape.block_size);
   }
+  validate_block_tables(batch, shape.block_size);
+}
+
+void validate_block_tables(const DecodeBatch& batch, int32_t block_size) {
+  if (block_size <= 0) fail(ErrorKind::kInvalidArgument, "decode batch: block size {}", block_size);
   if (batch.block_offsets.size() != batch.kv_lengths.size() + 1 || batch.block_offsets[0] != 0 ||
       size_t(batch.block_offsets.back()) != batch.block_ids.size()) {
     fail(ErrorKind::kInvalidArgument, "decode batch: {} block offsets for {} sequences and {} ids",
@@ -21,10 +26,9 @@ void validate_decode_batch(const DecodeBatch& batch, const AttentionShape& shape
   for (int32_t s = 0; s < batch.num_seqs(); ++s) {
     const int32_t num_blocks = batch.block_offsets[size_t(s) + 1] - batch.block_offsets[size_t(s)];
     const int32_t length = batch.kv_lengths[size_t(s)];
-    if (length < 0 || num_blocks < 0 ||
-        int64_t(num_blocks) * shape.block_size < int64_t(length)) {
+    if (length < 0 || num_blocks < 0 || int64_t(num_blocks) * block_size < int64_t(length)) {
       fail(ErrorKind::kInvalidArgument, "decode batch: sequence {} has {} tokens in {} blocks of {}",
-           s, length, num_blocks, shape.block_size);
+           s, length, num_blocks, block_size);
     }
   }
 }

@@ -64,6 +64,8 @@ struct DecodePlan {
 // Throws Error(kInvalidArgument) when the batch or shape is inconsistent (a sequence with fewer
 // blocks than its length needs, heads that do not divide, ...).
 void validate_decode_batch(const DecodeBatch& batch, const AttentionShape& shape);
+// The batch's part of that: offsets that match the ids, and enough blocks for every length.
+void validate_block_tables(const DecodeBatch& batch, int32_t block_size);
 
 // Throws as validate_decode_batch.
 DecodePlan plan_decode(const DecodeBatch& batch, const AttentionShape& shape,

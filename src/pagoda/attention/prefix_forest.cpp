@@ -4,7 +4,7 @@
 #include <utility>
 #include <vector>
 
-#include "pagoda/core/error.h"
+#include "pagoda/attention/plan.h"
 
 namespace pagoda::attention {
 namespace {
@@ -116,20 +116,7 @@ class ForestBuilder {
 }  // namespace
 
 PrefixForest build_prefix_forest(const DecodeBatch& batch, int32_t block_size) {
-  if (block_size <= 0) fail(ErrorKind::kInvalidArgument, "prefix forest: block size {}", block_size);
-  if (batch.block_offsets.size() != batch.kv_lengths.size() + 1 || batch.block_offsets[0] != 0 ||
-      size_t(batch.block_offsets.back()) != batch.block_ids.size()) {
-    fail(ErrorKind::kInvalidArgument, "decode batch: {} block offsets for {} sequences and {} ids",
-         batch.block_offsets.size(), batch.kv_lengths.size(), batch.block_ids.size());
-  }
-  for (int32_t s = 0; s < batch.num_seqs(); ++s) {
-    const int64_t blocks = batch.block_offsets[size_t(s) + 1] - batch.block_offsets[size_t(s)];
-    const int32_t length = batch.kv_lengths[size_t(s)];
-    if (length < 0 || blocks < 0 || blocks * block_size < length) {
-      fail(ErrorKind::kInvalidArgument, "decode batch: sequence {} has {} tokens in {} blocks of {}", s, length,
-           blocks, block_size);
-    }
-  }
+  validate_block_tables(batch, block_size);
   return ForestBuilder(batch, block_size).build();
 }
 

@@ -67,21 +67,26 @@ const char* decode_unsupported_reason(const attention::AttentionShape& shape, co
   return nullptr;
 }
 
+void check_workspace(const char* op, int32_t group, int32_t head_dim, int32_t min_block_id, int32_t max_block_id,
+                     const attention::AttentionShape& shape, const PagedKv& kv) {
+  if (group != shape.group_size() || head_dim != shape.head_dim) {
+    fail(ErrorKind::kInvalidArgument, "{}: the workspace was uploaded for group {} and head_dim {}, not {} and {}", op,
+         group, head_dim, shape.group_size(), shape.head_dim);
+  }
+  if (min_block_id < 0 || max_block_id >= kv.num_blocks) {
+    fail(ErrorKind::kInvalidArgument, "{}: block ids [{}, {}] outside the pool's {} blocks", op, min_block_id,
+         max_block_id, kv.num_blocks);
+  }
+}
+
 void decode_attention(DecodeWorkspace& workspace, const attention::AttentionShape& shape,
                       const PagedKv& kv, const void* q, void* out, float* lse,
                       const DecodeOptions& options, cudaStream_t stream) {
   if (const char* reason = decode_unsupported_reason(shape, kv)) {
     fail(ErrorKind::kUnsupported, "decode attention on the GPU: {}", reason);
   }
-  if (workspace.group_size != shape.group_size() || workspace.head_dim != shape.head_dim) {
-    fail(ErrorKind::kInvalidArgument,
-         "decode attention: the workspace was uploaded for group {} and head_dim {}, not {} and {}",
-         workspace.group_size, workspace.head_dim, shape.group_size(), shape.head_dim);
-  }
-  if (workspace.min_block_id < 0 || workspace.max_block_id >= kv.num_blocks) {
-    fail(ErrorKind::kInvalidArgument, "decode attention: block ids [{}, {}] outside the pool's {} blocks",
-         workspace.min_block_id, workspace.max_block_id, kv.num_blocks);
-  }
+  check_workspace("decode attention", workspace.group_size, workspace.head_dim, workspace.min_block_id,
+                  workspace.max_block_id, shape, kv);
   const int num_items = int(workspace.items.size());
   if (num_items == 0) return;
   const DecodeParams params{

@@ -67,6 +67,11 @@ const char* decode_shape_unsupported_reason(const attention::AttentionShape& sha
 // aligned rows. decode_attention throws Error(kUnsupported) with this reason.
 const char* decode_unsupported_reason(const attention::AttentionShape& shape, const PagedKv& kv);
 
+// Throws Error(kInvalidArgument) unless a workspace uploaded for (group, head_dim) and block ids
+// [min_block_id, max_block_id] can run on `shape` over `kv`; `op` names the caller.
+void check_workspace(const char* op, int32_t group, int32_t head_dim, int32_t min_block_id, int32_t max_block_id,
+                     const attention::AttentionShape& shape, const PagedKv& kv);
+
 // Runs the uploaded plan: the work items, then (when the plan splits) the merges. kv: a device pool (HND or NHD) of dtype f16 or bf16.
 //   q:   [num_seqs, num_q_heads, head_dim] of kv.dtype, one query token per sequence
 //   out: [num_seqs, num_q_heads, head_dim] of kv.dtype

@@ -4,32 +4,13 @@
 #include <numbers>
 
 #include "pagoda/backend/cuda/check.h"
+#include "pagoda/backend/cuda/kernels/dispatch.cuh"
 #include "pagoda/backend/cuda/kernels/shared_memory.cuh"
 #include "pagoda/backend/cuda/kernels/prefill_tiled.cuh"
 #include "pagoda/backend/cuda/prefill_attention.h"
 
 namespace pagoda::cuda {
 namespace {
-
-// Calls fn.template operator()<T, kHeadDim>() for a runtime (dtype, head_dim): the kernel's
-// instantiation list. prefill_attention has checked the pair against prefill_unsupported_reason.
-template <typename Fn>
-void dispatch_prefill_kernel(DType dtype, int head_dim, Fn&& fn) {
-  auto by_head_dim = [&]<typename T>() {
-    switch (head_dim) {
-      case 64: return fn.template operator()<T, 64>();
-      case 128: return fn.template operator()<T, 128>();
-      default: check_cuda(cudaErrorInvalidValue, "prefill kernel dispatch (head_dim not 64 or 128)");
-    }
-  };
-  if (dtype == DType::kF16) {
-    by_head_dim.template operator()<__half>();
-  } else if (dtype == DType::kBF16) {
-    by_head_dim.template operator()<__nv_bfloat16>();
-  } else {
-    check_cuda(cudaErrorInvalidValue, "prefill kernel dispatch (dtype not f16 or bf16)");
-  }
-}
 
 template <typename T, int kHeadDim>
 void allow_shared_memory() {
@@ -59,7 +40,7 @@ void launch_prefill_tiled(const PrefillWorkspace& ws, const attention::Attention
       .group = shape.group_size(),
       .scale_log2 = shape.softmax_scale * std::numbers::log2e_v<float>,
   };
-  dispatch_prefill_kernel(kv.dtype, shape.head_dim, [&]<typename T, int kHeadDim>() {
+  dispatch_head_dim_64_128(kv.dtype, shape.head_dim, "prefill_tiled_kernel dispatch", [&]<typename T, int kHeadDim>() {
     using C = PrefillTiledConfig<kHeadDim>;
     allow_shared_memory<T, kHeadDim>();
     prefill_tiled_kernel<T, kHeadDim><<<unsigned(num_ctas), C::kThreads, C::kSmemBytes, stream>>>(params);

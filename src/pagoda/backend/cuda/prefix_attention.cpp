@@ -109,15 +109,8 @@ void prefix_attention(PrefixWorkspace& workspace, const attention::AttentionShap
   if (const char* reason = prefix_unsupported_reason(shape, kv)) {
     fail(ErrorKind::kUnsupported, "prefix attention on the GPU: {}", reason);
   }
-  if (workspace.group_size != shape.group_size() || workspace.head_dim != shape.head_dim) {
-    fail(ErrorKind::kInvalidArgument,
-         "prefix attention: the workspace was uploaded for group {} and head_dim {}, not {} and {}",
-         workspace.group_size, workspace.head_dim, shape.group_size(), shape.head_dim);
-  }
-  if (workspace.min_block_id < 0 || workspace.max_block_id >= kv.num_blocks) {
-    fail(ErrorKind::kInvalidArgument, "prefix attention: block ids [{}, {}] outside the pool's {} blocks",
-         workspace.min_block_id, workspace.max_block_id, kv.num_blocks);
-  }
+  check_workspace("prefix attention", workspace.group_size, workspace.head_dim, workspace.min_block_id,
+                  workspace.max_block_id, shape, kv);
   const int64_t num_items = int64_t(workspace.units.size()) * shape.num_kv_heads;
   if (num_items > INT32_MAX) fail(ErrorKind::kInvalidArgument, "prefix attention: {} work items", num_items);
   if (num_items > 0) {

@@ -21,6 +21,26 @@ void dispatch_head_dim(int head_dim, Fn&& fn) {
   }
 }
 
+// The same for the kernels instantiated for head_dim 64 and 128 only (prefill, prefix); `what`
+// names the kernel in the internal error.
+template <typename Fn>
+void dispatch_head_dim_64_128(DType dtype, int head_dim, const char* what, Fn&& fn) {
+  auto by_head_dim = [&]<typename T>() {
+    switch (head_dim) {
+      case 64: return fn.template operator()<T, 64>();
+      case 128: return fn.template operator()<T, 128>();
+      default: check_cuda(cudaErrorInvalidValue, what);
+    }
+  };
+  if (dtype == DType::kF16) {
+    by_head_dim.template operator()<__half>();
+  } else if (dtype == DType::kBF16) {
+    by_head_dim.template operator()<__nv_bfloat16>();
+  } else {
+    check_cuda(cudaErrorInvalidValue, what);
+  }
+}
+
 template <typename Fn>
 void dispatch_decode_kernel(DType dtype, int head_dim, Fn&& fn) {
   if (dtype == DType::kF16) {
