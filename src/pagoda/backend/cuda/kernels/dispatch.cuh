@@ -1,6 +1,6 @@
 // Calls fn.template operator()<T, kHeadDim>() for a runtime (dtype, head_dim): the one place
-// the kernels' instantiation list is written down. Callers have checked the pair against
-// decode_unsupported_reason; anything else is a bug, reported as an internal error.
+// the kernels' instantiation lists are written down. Callers have checked the pair against
+// their kernel's *_unsupported_reason; anything else is a bug, reported as an internal error.
 #pragma once
 
 #include <cuda_bf16.h>
