@@ -117,6 +117,7 @@ TEST(Cli, BenchPrefixAttentionRejectsBadFlags) {
   expect_error("bench prefix-attention --plan-only --tree 2,3_16,16", "not a multiple");
   expect_error("bench prefix-attention --plan-only --tree 1,2_20,16", "whole blocks");
   expect_error("bench prefix-attention --plan-only --heads 64/4", "GQA groups");
+  expect_error("bench prefix-attention --plan-only --tree 1,65536_524288,1", "more than 1073741824 KV tokens");
   expect_error("bench prefix-attention --plan-only --head-dim 96", "--head-dim");
   expect_error("generate -p hi --attention fast", "--attention must be auto, paged or prefix");
 #if !PAGODA_HAVE_CUDA

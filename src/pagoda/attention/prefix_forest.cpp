@@ -34,7 +34,9 @@ class ForestBuilder {
  private:
   const int32_t* table(int32_t seq) const { return batch_.block_ids.data() + batch_.block_offsets[size_t(seq)]; }
 
-  int32_t num_blocks(int32_t seq) const { return (batch_.kv_lengths[size_t(seq)] + block_size_ - 1) / block_size_; }
+  int32_t num_blocks(int32_t seq) const {
+    return int32_t((int64_t(batch_.kv_lengths[size_t(seq)]) + block_size_ - 1) / block_size_);
+  }
 
   BlockKey key(int32_t seq, int32_t position) const {
     const int32_t length = batch_.kv_lengths[size_t(seq)];

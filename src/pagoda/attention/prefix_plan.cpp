@@ -241,14 +241,14 @@ PrefixPlan plan_prefix(const PrefixForest& forest, const DecodeBatch& batch, con
   plan.units.reserve(chunks.size() * 2);
   plan.unit_queries.reserve(packer.pack_queries.size() * 2);
   for (const PrefixUnit& chunk : chunks) {
-    const int32_t num_pieces =
-        plan.split_tokens > 0 ? (chunk.num_tokens + plan.split_tokens - 1) / plan.split_tokens : 1;
+    const int64_t tokens = chunk.num_tokens;
+    const int64_t num_pieces = plan.split_tokens > 0 ? (tokens + plan.split_tokens - 1) / plan.split_tokens : 1;
     const int32_t piece_blocks =
-        std::max(min_piece_blocks, ((chunk.num_tokens + num_pieces - 1) / num_pieces + bs - 1) / bs);
-    for (int32_t begin = 0; begin < chunk.num_tokens; begin += piece_blocks * bs) {
+        std::max<int32_t>(min_piece_blocks, int32_t(((tokens + num_pieces - 1) / num_pieces + bs - 1) / bs));
+    for (int64_t begin = 0; begin < chunk.num_tokens; begin += int64_t(piece_blocks) * bs) {
       PrefixUnit unit = chunk;
-      unit.block_begin += begin / bs;
-      unit.num_tokens = std::min(chunk.num_tokens - begin, piece_blocks * bs);
+      unit.block_begin += int32_t(begin / bs);
+      unit.num_tokens = int32_t(std::min<int64_t>(chunk.num_tokens - begin, int64_t(piece_blocks) * bs));
       unit.query_begin = int32_t(plan.unit_queries.size());
       for (int32_t i = 0; i < chunk.num_queries; ++i) {
         const int32_t seq = packer.pack_queries[size_t(chunk.query_begin + i)];

@@ -10,6 +10,10 @@
 namespace pagoda::attention {
 namespace {
 
+// A tree's tokens, a query's and all tables' together: within int32 block ids and lengths with
+// room to grow (the bench appends a token to every query).
+constexpr int64_t kMaxTreeTokens = int64_t(1) << 30;
+
 std::vector<int32_t> parse_list(std::string_view list, std::string_view text, const char* what) {
   std::vector<int32_t> values;
   for (size_t begin = 0;;) {
@@ -40,15 +44,20 @@ PrefixTreeSpec parse_prefix_tree(std::string_view text) {
     fail(ErrorKind::kInvalidArgument, "prefix tree '{}': {} counts but {} lengths", text, spec.counts.size(),
          spec.lengths.size());
   }
-  int64_t nodes_blocks = 0;
+  int64_t nodes_tokens = 0, query_tokens = 0, table_tokens = 0;
   for (size_t level = 0; level < spec.counts.size(); ++level) {
     if (level > 0 && spec.counts[level] % spec.counts[level - 1] != 0) {
       fail(ErrorKind::kInvalidArgument, "prefix tree '{}': level {} has {} nodes, not a multiple of the {} above",
            text, level, spec.counts[level], spec.counts[level - 1]);
     }
-    nodes_blocks += int64_t(spec.counts[level]) * spec.lengths[level];  // tokens: an upper bound on blocks
+    nodes_tokens += int64_t(spec.counts[level]) * spec.lengths[level];
+    query_tokens += spec.lengths[level];
   }
-  if (nodes_blocks > INT32_MAX) fail(ErrorKind::kInvalidArgument, "prefix tree '{}': too many KV tokens", text);
+  // Every query's table repeats its ancestors' blocks: the batch holds queries x path tokens.
+  table_tokens = int64_t(spec.counts.back()) * query_tokens;
+  if (nodes_tokens > kMaxTreeTokens || query_tokens > kMaxTreeTokens || table_tokens > kMaxTreeTokens) {
+    fail(ErrorKind::kInvalidArgument, "prefix tree '{}': more than {} KV tokens", text, kMaxTreeTokens);
+  }
   return spec;
 }
 

@@ -25,7 +25,8 @@ struct PrefixTreeSpec {
 
 // Throws Error(kInvalidArgument) naming what is wrong: not COUNTS_LENGTHS, a count or length
 // that is not a positive number, levels of different lengths, a level whose count is not a
-// multiple of the level above's, or more than 2^31 blocks.
+// multiple of the level above's, or more than 2^30 tokens in the tree, in one query or in all the
+// queries' tables together.
 PrefixTreeSpec parse_prefix_tree(std::string_view text);
 
 // Blocks the tree's nodes own: each inner node's length must be a multiple of block_size (a

@@ -227,8 +227,13 @@ void CudaBackend::attention(int layer, const StepBatch& step, const Tensor& q, T
 
 std::optional<Backend::PrefixPlanning> CudaBackend::prefix_planning(const attention::AttentionShape& shape) const {
   if (cuda::prefix_shape_unsupported_reason(shape, dtype_)) return std::nullopt;
-  const cuda::PrefixTiles tiles = cuda::prefix_tiles(shape, dtype_);
-  return PrefixPlanning{.options = cuda::prefix_plan_options(tiles), .device = cuda::prefix_device_info(tiles)};
+  try {
+    const cuda::PrefixTiles tiles = cuda::prefix_tiles(shape, dtype_);
+    return PrefixPlanning{.options = cuda::prefix_plan_options(tiles), .device = cuda::prefix_device_info(tiles)};
+  } catch (const Error& e) {
+    if (e.kind() != ErrorKind::kUnsupported) throw;
+    return std::nullopt;  // no feasible tile on this device: paged attention only
+  }
 }
 
 int32_t CudaBackend::graph_rows(int32_t rows) const {

@@ -85,9 +85,38 @@ const char* prefix_unsupported_reason(const attention::AttentionShape& shape, co
   return prefix_shape_unsupported_reason(shape, kv.dtype);
 }
 
+// The kernel trusts its plan: every unit reads at least one token from blocks inside the batch's
+// ids, holds at most the largest M tile of rows, and names queries and partial slots that exist.
+static void check_plan(const attention::PrefixPlan& plan, const attention::DecodeBatch& batch,
+                       const attention::AttentionShape& shape, const PrefixTiles& tiles) {
+  const int64_t max_rows = tiles.m_tiles.empty() ? 0 : tiles.m_tiles.back();
+  if (plan.num_kv_heads != shape.num_kv_heads || plan.group != shape.group_size()) {
+    fail(ErrorKind::kInvalidArgument, "prefix attention: a plan for {} kv heads of group {}, not {} of {}",
+         plan.num_kv_heads, plan.group, shape.num_kv_heads, shape.group_size());
+  }
+  for (const attention::PrefixUnit& u : plan.units) {
+    const int64_t blocks = (int64_t(u.num_tokens) + shape.block_size - 1) / shape.block_size;
+    if (u.num_tokens < 1 || u.num_queries < 1 || int64_t(u.num_queries) * plan.group > max_rows ||
+        u.query_begin < 0 || int64_t(u.query_begin) + u.num_queries > int64_t(plan.unit_queries.size()) ||
+        u.block_begin < 0 || u.block_begin + blocks > int64_t(batch.block_ids.size())) {
+      fail(ErrorKind::kInvalidArgument,
+           "prefix attention: a unit of {} tokens from block index {} for {} queries from {} does not fit the "
+           "batch, the plan or the kernel's {} rows",
+           u.num_tokens, u.block_begin, u.num_queries, u.query_begin, max_rows);
+    }
+  }
+  for (const attention::UnitQuery& uq : plan.unit_queries) {
+    if (uq.seq < 0 || uq.seq >= batch.num_seqs() || uq.piece >= plan.num_pieces) {
+      fail(ErrorKind::kInvalidArgument, "prefix attention: query {} piece {} outside the batch or the plan", uq.seq,
+           uq.piece);
+    }
+  }
+}
+
 void PrefixWorkspace::upload(const attention::PrefixPlan& plan, const attention::DecodeBatch& batch,
                              const attention::AttentionShape& shape, const PrefixTiles& tiles,
                              cudaStream_t stream) {
+  check_plan(plan, batch, shape, tiles);
   units.upload(plan.units, stream);
   unit_queries.upload(plan.unit_queries, stream);
   merges.upload(plan.merges, stream);
@@ -111,6 +140,10 @@ void prefix_attention(PrefixWorkspace& workspace, const attention::AttentionShap
   }
   check_workspace("prefix attention", workspace.group_size, workspace.head_dim, workspace.min_block_id,
                   workspace.max_block_id, shape, kv);
+  if (workspace.num_kv_heads != shape.num_kv_heads) {
+    fail(ErrorKind::kInvalidArgument, "prefix attention: the workspace was uploaded for {} kv heads, not {}",
+         workspace.num_kv_heads, shape.num_kv_heads);
+  }
   const int64_t num_items = int64_t(workspace.units.size()) * shape.num_kv_heads;
   if (num_items > INT32_MAX) fail(ErrorKind::kInvalidArgument, "prefix attention: {} work items", num_items);
   if (num_items > 0) {

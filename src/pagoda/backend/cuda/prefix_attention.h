@@ -69,6 +69,8 @@ struct PrefixWorkspace {
   int32_t min_block_id = 0;
   int32_t max_block_id = -1;
 
+  // Throws Error(kInvalidArgument) when the plan is not one the kernel can run for this batch and
+  // shape (plan_prefix with prefix_plan_options(tiles) always is).
   void upload(const attention::PrefixPlan& plan, const attention::DecodeBatch& batch,
               const attention::AttentionShape& shape, const PrefixTiles& tiles, cudaStream_t stream = nullptr);
 };

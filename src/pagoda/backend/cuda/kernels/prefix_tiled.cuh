@@ -17,8 +17,8 @@
 // one warp, chosen round-robin by stage, while the others go on to the next stages: four such
 // items proceed at once, and none waits on a barrier.
 //
-// Warp roles. A fifth warp, the producer, only moves data: it runs up to kStages tiles ahead of
-// the computing warps (the consumers), so that a stall on its own loads never stalls the math,
+// Warp roles. Four more warps, the producers, only move data: they run up to kStages tiles ahead
+// of the computing warps (the consumers), so that a stall on their own loads never stalls the math,
 // and kStages tiles of K and V (128 KB at head_dim 128) are in flight per SM. Stage s has a
 // "full" mbarrier (the producer's copies landed: cp.async arrivals, plus its plain arrivals after
 // writing the stage's tile description) and an "empty" one (every consumer warp is done with it).
