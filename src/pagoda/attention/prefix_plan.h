@@ -4,13 +4,16 @@
 //   2. packing: every node's queries read the node's KV together, once, in one unit; a child is
 //      merged into its parent's unit (the unit reads the parent's KV again, for the child's
 //      queries alone) when that costs fewer bytes than the partial states it saves, the paper's
-//      scheme comparison with this engine's byte counts (PrefixPlanOptions);
-//   3. row chunking: a unit holds at most max_rows query rows (queries x GQA group, the M tile);
-//      a node with more queries is read by several units, marked kv_shared so its KV stays in L2;
+//      scheme comparison with this engine's byte counts; of that and no packing at all, each
+//      tree keeps the one that moves fewer bytes, so a plan never moves more than one unit per
+//      query would;
+//   3. row chunking: a unit holds at most the largest M tile of query rows (queries x GQA
+//      group); a node with more queries is read by several units, marked kv_shared so its KV
+//      stays in L2;
 //   4. the long-KV split: units longer than the batch mean (or than a fair share of the device)
 //      are cut into equal pieces, so no worker finishes long after the others;
 //   5. merges: a query covered by several units gets one partial state per unit and a merge task
-//      per kv head (merge.h's ⊕); a query covered by one unit gets its output straight from it.
+//      (merge.h's ⊕, one per kv head); a query covered by one unit gets its output from it.
 // The plan reads block ids and lengths only. Kernels run its items in order (item i: unit
 // i / num_kv_heads for kv head i % num_kv_heads), then its merges.
 #pragma once
