@@ -5,8 +5,8 @@
 //      merged into its parent's unit (the unit reads the parent's KV again, for the child's
 //      queries alone) when that costs fewer bytes than the partial states it saves, the paper's
 //      scheme comparison with this engine's byte counts; of that and no packing at all, each
-//      tree keeps the one that moves fewer bytes, so a plan never moves more than one unit per
-//      query would;
+//      tree keeps the one that moves fewer bytes, so packing never moves more than one unit per
+//      query would (the split below adds partial states, for occupancy);
 //   3. row chunking: a unit holds at most the largest M tile of query rows (queries x GQA
 //      group); a node with more queries is read by several units, marked kv_shared so its KV
 //      stays in L2;
