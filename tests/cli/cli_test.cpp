@@ -119,6 +119,9 @@ TEST(Cli, BenchPrefixAttentionRejectsBadFlags) {
   expect_error("bench prefix-attention --plan-only --heads 64/4", "GQA groups");
   expect_error("bench prefix-attention --plan-only --tree 1,65536_524288,1", "more than 1073741824 KV tokens");
   expect_error("bench prefix-attention --plan-only --head-dim 96", "--head-dim");
+  expect_error("bench prefix-attention --plan-only --block-size 8", "--block-size");
+  expect_error("bench prefix-attention --plan-only --workers 0", "--runs and --workers");
+  expect_error("bench prefix-attention --plan-only --dtype fp8", "--dtype");
   expect_error("generate -p hi --attention fast", "--attention must be auto, paged or prefix");
 #if !PAGODA_HAVE_CUDA
   expect_error("bench prefix-attention", "without CUDA");

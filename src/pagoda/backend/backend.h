@@ -53,9 +53,10 @@ struct StepBatch {
   std::span<const float> rope_inv_freq;  // [head_dim / 2]
   attention::AttentionShape shape;
   attention::DecodeBatch decode_batch;  // the decode sequences, rows [0, num_seqs())
-  attention::DecodePlan decode_plan;    // how they attend, unless prefix is set
-  bool prefix = false;                  // they attend by prefix_plan (prefix-aware packing)
-  attention::PrefixPlan prefix_plan;
+  attention::DecodePlan decode_plan;    // how they attend, unless prefix_plan is set
+  // Non-null: they attend by this prefix-aware plan instead, the model's PrefixPlanner's, valid
+  // until the model plans its next step.
+  const attention::PrefixPlan* prefix_plan = nullptr;
   // > 0: a decode-only step padded to this many rows (padding rows have no sequence, store no
   // K/V and attend to nothing) so that a backend can replay one CUDA graph per padded size.
   int32_t graph_rows = 0;

@@ -152,8 +152,7 @@ StepBatch Model::plan_step(std::span<const SequenceChunk> chunks) {
       (attention_mode_ == LoadOptions::Attention::kPrefix || shares_blocks(step.decode_batch))) {
     const attention::PrefixPlan& plan = prefix_planner_->plan(step.decode_batch);
     if (attention_mode_ == LoadOptions::Attention::kPrefix || reads_at_most_half(plan, step.decode_batch)) {
-      step.prefix = true;  // not replayed as a graph: the plan's items change from step to step
-      step.prefix_plan = plan;
+      step.prefix_plan = &plan;  // not replayed as a graph: the plan's items change from step to step
       ++prefix_steps_;
       return step;
     }

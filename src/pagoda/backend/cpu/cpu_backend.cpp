@@ -111,8 +111,8 @@ void CpuBackend::attention(int layer, const StepBatch& step, const Tensor& q, Te
   }
   // Decode rows lead the step: q and out rows [0, num_seqs) are the plan's sequences.
   if (step.decode_batch.num_seqs() == 0) return;
-  if (step.prefix) {
-    attention::run_prefix_cpu(step.prefix_plan, step.decode_batch, shape, pool, q.ptr<float>(), out.ptr<float>());
+  if (step.prefix_plan) {
+    attention::run_prefix_cpu(*step.prefix_plan, step.decode_batch, shape, pool, q.ptr<float>(), out.ptr<float>());
   } else {
     attention::run_decode_cpu(step.decode_plan, step.decode_batch, shape, pool, q.ptr<float>(), out.ptr<float>());
   }

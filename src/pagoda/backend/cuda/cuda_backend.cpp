@@ -92,10 +92,10 @@ void CudaBackend::begin_step(const StepBatch& step) {
   }
 
   num_decode_ = step.decode_batch.num_seqs();
-  prefix_step_ = step.prefix;
+  prefix_step_ = step.prefix_plan != nullptr;
   if (num_decode_ > 0 && prefix_step_) {
     if (!prefix_tiles_) prefix_tiles_ = cuda::prefix_tiles(step.shape, dtype_);
-    prefix_.upload(step.prefix_plan, step.decode_batch, step.shape, *prefix_tiles_, stream_);
+    prefix_.upload(*step.prefix_plan, step.decode_batch, step.shape, *prefix_tiles_, stream_);
   } else if (num_decode_ > 0) {
     make_room(decode_.items, step.decode_plan.items.size());
     make_room(decode_.block_ids, step.decode_batch.block_ids.size());
