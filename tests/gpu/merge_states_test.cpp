@@ -37,46 +37,53 @@ TEST(GpuMergeStates, MatchesHostMerge) {
   }
   for (int r = 0; r < group; ++r) lse[size_t(3) * group + r] = -INFINITY;
 
+  auto expect_merged = [&](const std::vector<uint16_t>& out, const std::vector<float>& out_lse) {
+    for (const attention::MergeTask& task : tasks) {
+      for (int r = 0; r < group; ++r) {
+        const size_t row = size_t(task.seq) * num_q_heads + size_t(task.kv_head) * group + size_t(r);
+        double m = -INFINITY;
+        for (int s = task.partial_begin; s < task.partial_begin + task.num_partials; ++s) {
+          m = std::max(m, double(lse[size_t(s) * group + r]));
+        }
+        if (std::isinf(m)) {
+          EXPECT_TRUE(std::isinf(out_lse[row]) && out_lse[row] < 0);
+          for (int d = 0; d < dim; ++d) EXPECT_EQ(f16_to_f32(out[row * dim + d]), 0.f);
+          continue;
+        }
+        double sum = 0;
+        for (int s = task.partial_begin; s < task.partial_begin + task.num_partials; ++s) {
+          sum += std::exp(lse[size_t(s) * group + r] - m);
+        }
+        EXPECT_NEAR(out_lse[row], m + std::log(sum), 1e-4);
+        for (int d = 0; d < dim; ++d) {
+          double acc = 0;
+          for (int s = task.partial_begin; s < task.partial_begin + task.num_partials; ++s) {
+            const size_t slot = size_t(s) * group + r;
+            acc += std::exp(lse[slot] - m) * o[slot * dim + d];
+          }
+          // fp16 output: half an ulp at |x| < 4 is under 2e-3.
+          EXPECT_NEAR(f16_to_f32(out[row * dim + d]), acc / sum, 2e-3) << "row " << row << " d " << d;
+        }
+      }
+    }
+  };
+
   DeviceArray<attention::MergeTask> d_tasks;
   DeviceArray<float> d_o, d_lse, d_out_lse(size_t(num_seqs) * num_q_heads);
   DeviceArray<uint16_t> d_out(size_t(num_seqs) * num_q_heads * dim);
   d_tasks.upload(tasks);
   d_o.upload(o);
   d_lse.upload(lse);
-  check_cuda(cudaMemset(d_out.data(), 0xff, d_out.bytes()), "memset");
-  merge_partial_states(d_tasks.data(), int(tasks.size()), 1, 0, group, num_q_heads, dim, d_o.data(),
-                       d_lse.data(), DType::kF16, d_out.data(), d_out_lse.data(), nullptr);
-  check_cuda(cudaDeviceSynchronize(), "sync");
-  const std::vector<uint16_t> out = d_out.download();
-  const std::vector<float> out_lse = d_out_lse.download();
-
-  for (const attention::MergeTask& task : tasks) {
-    for (int r = 0; r < group; ++r) {
-      const size_t row = size_t(task.seq) * num_q_heads + size_t(task.kv_head) * group + size_t(r);
-      double m = -INFINITY;
-      for (int s = task.partial_begin; s < task.partial_begin + task.num_partials; ++s) {
-        m = std::max(m, double(lse[size_t(s) * group + r]));
-      }
-      if (std::isinf(m)) {
-        EXPECT_TRUE(std::isinf(out_lse[row]) && out_lse[row] < 0);
-        for (int d = 0; d < dim; ++d) EXPECT_EQ(f16_to_f32(out[row * dim + d]), 0.f);
-        continue;
-      }
-      double sum = 0;
-      for (int s = task.partial_begin; s < task.partial_begin + task.num_partials; ++s) {
-        sum += std::exp(lse[size_t(s) * group + r] - m);
-      }
-      EXPECT_NEAR(out_lse[row], m + std::log(sum), 1e-4);
-      for (int d = 0; d < dim; ++d) {
-        double acc = 0;
-        for (int s = task.partial_begin; s < task.partial_begin + task.num_partials; ++s) {
-          const size_t slot = size_t(s) * group + r;
-          acc += std::exp(lse[slot] - m) * o[slot * dim + d];
-        }
-        // fp16 output: half an ulp at |x| < 4 is under 2e-3.
-        EXPECT_NEAR(f16_to_f32(out[row * dim + d]), acc / sum, 2e-3) << "row " << row << " d " << d;
-      }
-    }
+  // max_partials sets how many warps share a row (1, 2 and 8 here); each must merge the same.
+  for (const int max_partials : {1, attention::max_partials(tasks), 64}) {
+    SCOPED_TRACE(max_partials);
+    check_cuda(cudaMemset(d_out.data(), 0xff, d_out.bytes()), "memset");
+    merge_partial_states(d_tasks.data(), int(tasks.size()), max_partials, 1, 0, group, num_q_heads, dim, d_o.data(),
+                         d_lse.data(), DType::kF16, d_out.data(), d_out_lse.data(), nullptr);
+    check_cuda(cudaDeviceSynchronize(), "sync");
+    const std::vector<uint16_t> out = d_out.download();
+    const std::vector<float> out_lse = d_out_lse.download();
+    expect_merged(out, out_lse);
   }
 }
 

@@ -16,6 +16,12 @@ void validate_decode_batch(const DecodeBatch& batch, const AttentionShape& shape
   validate_block_tables(batch, shape.block_size);
 }
 
+int32_t max_partials(const std::vector<MergeTask>& merges) {
+  int32_t most = 0;
+  for (const MergeTask& m : merges) most = std::max(most, m.num_partials);
+  return most;
+}
+
 void validate_block_tables(const DecodeBatch& batch, int32_t block_size) {
   if (block_size <= 0) fail(ErrorKind::kInvalidArgument, "decode batch: block size {}", block_size);
   if (batch.block_offsets.size() != batch.kv_lengths.size() + 1 || batch.block_offsets[0] != 0 ||

@@ -52,6 +52,9 @@ struct MergeTask {
   int32_t num_partials;
 };
 
+// The most partials any task folds (0 for none): what the GPU merge sizes its warps by.
+int32_t max_partials(const std::vector<MergeTask>& merges);
+
 struct DecodePlan {
   std::vector<WorkItem> items;
   std::vector<MergeTask> merges;  // run after every item has finished

@@ -15,6 +15,7 @@ void DecodeWorkspace::upload(const attention::DecodePlan& plan, const attention:
                              const attention::AttentionShape& shape, cudaStream_t stream) {
   items.upload(plan.items, stream);
   merges.upload(plan.merges, stream);
+  max_partials = attention::max_partials(plan.merges);
   block_ids.upload(batch.block_ids, stream);
   // The plan came from plan_decode, which rejected a shape without kv heads; stay safe anyway.
   group_size = shape.num_kv_heads > 0 ? shape.group_size() : 0;
@@ -116,7 +117,7 @@ void decode_attention(DecodeWorkspace& workspace, const attention::AttentionShap
   } else {
     launch_decode_paper_baseline(kv.dtype, shape.head_dim, params, num_items, stream);
   }
-  merge_partial_states(workspace.merges.data(), int(workspace.merges.size()), 1, 0, shape.group_size(),
+  merge_partial_states(workspace.merges.data(), int(workspace.merges.size()), workspace.max_partials, 1, 0, shape.group_size(),
                        shape.num_q_heads, shape.head_dim, workspace.partial_o.data(),
                        workspace.partial_lse.data(), kv.dtype, out, lse, stream);
 }

@@ -47,6 +47,7 @@ struct DecodeWorkspace {
   DeviceArray<float> partial_lse;  // [num_partials, group_size]
   int32_t group_size = 0;  // of the shape uploaded with: decode_attention checks it is the same
   int32_t head_dim = 0;
+  int32_t max_partials = 0;  // of any merge task
   int32_t min_block_id = 0;   // of the uploaded batch: checked against the pool before a launch
   int32_t max_block_id = -1;
 

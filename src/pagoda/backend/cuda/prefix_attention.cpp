@@ -120,6 +120,7 @@ void PrefixWorkspace::upload(const attention::PrefixPlan& plan, const attention:
   units.upload(plan.units, stream);
   unit_queries.upload(plan.unit_queries, stream);
   merges.upload(plan.merges, stream);
+  max_partials = attention::max_partials(plan.merges);
   block_ids.upload(batch.block_ids, stream);
   group_size = shape.num_kv_heads > 0 ? shape.group_size() : 0;
   head_dim = shape.head_dim;
@@ -171,7 +172,7 @@ void prefix_attention(PrefixWorkspace& workspace, const attention::AttentionShap
     };
     launch_prefix_tiled(kv.dtype, shape.head_dim, params, int(std::min<int64_t>(num_items, std::max(workspace.workers, 1))), stream);
   }
-  merge_partial_states(workspace.merges.data(), int(workspace.merges.size()), shape.num_kv_heads,
+  merge_partial_states(workspace.merges.data(), int(workspace.merges.size()), workspace.max_partials, shape.num_kv_heads,
                        workspace.num_pieces, shape.group_size(),
                        shape.num_q_heads, shape.head_dim, workspace.partial_o.data(),
                        workspace.partial_lse.data(), kv.dtype, out, lse, stream);

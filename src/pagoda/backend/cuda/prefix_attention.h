@@ -64,6 +64,7 @@ struct PrefixWorkspace {
   int32_t group_size = 0;  // of the shape uploaded with: prefix_attention checks it is the same
   int32_t head_dim = 0;
   int32_t num_pieces = 0;
+  int32_t max_partials = 0;  // of any merge task
   int32_t num_kv_heads = 0;
   int32_t workers = 0;  // the persistent grid, from the tiles the plan was made for
   int32_t min_block_id = 0;

@@ -11,7 +11,7 @@
 // The item's M tile (16, 32 or 64 rows, the tile selector's choice) sets how the 4 computing
 // warps share a 64-token KV tile: warps_m = M / 16 warps own 16 rows each, and the 4 / warps_m
 // warps of one row block split the tile's tokens. Each warp keeps its own online-softmax state
-// (exp2 domain, one rescale per 16 tokens); at the end of an item the warps of a row block merge
+// (exp2 domain, one rescale per 32 tokens); at the end of an item the warps of a row block merge
 // with ⊕ through shared memory and write the output rows, or the partial states the plan's
 // merges fold. A solo item (one tile, at most 16 rows: a short private tail) is computed whole by
 // one warp, chosen round-robin by stage, while the others go on to the next stages: four such
@@ -190,52 +190,66 @@ __global__ void __launch_bounds__(PrefixTiledConfig<kHeadDim>::kThreads, 1)
     };
 
     // The copy step: tile `step` into stage step % kStages, once the consumers are done with it.
-    constexpr int kChunksPerLane = C::kTileTokens * C::kChunksPerRow / C::kProducerThreads;
+    // Lane `producer` copies 16-byte chunk `chunk` of rows row0, row0 + kRowsPerPass, ...: one
+    // swizzle (row % 8 is the same for all of them) and one pair of rows per warp, so the row
+    // guards are warp-uniform. Rows past the item's last token are zero-filled up to the 32
+    // tokens the consumers compute at a time (P = 0 there, and 0 * V must not be NaN); the Q rows
+    // up to the 16-row fragments that read them.
+    constexpr int kRowsPerPass = C::kProducerThreads / C::kChunksPerRow;
+    constexpr int kPasses = C::kTileTokens / kRowsPerPass;
+    static_assert(kRowsPerPass % 8 == 0, "one swizzle per lane");
+    const int chunk = producer % C::kChunksPerRow;
+    const int row0 = producer / C::kChunksPerRow;
+    const uint32_t lane_offset = uint32_t(row0 * C::kRowBytes + ((chunk ^ (row0 & 7)) << 4));
     const int block_mask = (1 << p.block_size_log2) - 1;
+    const T* const k_pool = static_cast<const T*>(p.k) + chunk * 8;
+    const int64_t v_minus_k = static_cast<const T*>(p.v) - static_cast<const T*>(p.k);
     auto copy_tile = [&](int step) -> bool {
       ptx::cp_async_wait<C::kLookahead - 1>();  // the look-ahead's copies for this tile landed
       ptx::named_barrier(2, C::kProducerThreads);  // and its plain writes are visible
       const PrefixTileDesc& d = desc_ring[step % (C::kLookahead + 1)];
+      // Registers: the copies' "memory" clobbers would read every field again after each copy.
+      const int kv_head = d.kv_head, tile = d.tile, rows = d.rows, kv_shared = d.kv_shared;
+      const int tile_tokens = min(d.num_tokens - tile * C::kTileTokens, C::kTileTokens);
+      const int query_slot = d.query_slot;
       const int stage = step % C::kStages;
       if (step >= C::kStages) ptx::mbarrier_wait(empty_barrier(stage), (step / C::kStages - 1) & 1);
-      const bool done = d.kv_head < 0;
+      const bool done = kv_head < 0;
       if (!done) {
-        const T* k_head = static_cast<const T*>(p.k) + d.kv_head * p.head_stride;
-        const T* v_head = static_cast<const T*>(p.v) + d.kv_head * p.head_stride;
-        const uint32_t k_dst = stage_base(stage);
+        const T* k_head = k_pool + kv_head * p.head_stride;
+        const uint32_t k_dst = stage_base(stage) + lane_offset;
         const uint32_t v_dst = k_dst + C::kKvTileBytes;
-#pragma unroll 8
-        for (int i = 0; i < kChunksPerLane; ++i) {
-          const int c = i * C::kProducerThreads + producer;
-          const int row = c / C::kChunksPerRow;
-          const int chunk = c % C::kChunksPerRow;
-          const int token = d.tile * C::kTileTokens + row;
-          const bool valid = token < d.num_tokens;
-          const int64_t offset = valid ? int64_t(d.ids[row >> p.block_size_log2]) * p.page_stride +
-                                             (token & block_mask) * p.token_stride + chunk * 8
-                                       : 0;
-          if (d.kv_shared && valid && chunk % 8 == 0) {
-            ptx::prefetch_l2_evict_last(k_head + offset);
-            ptx::prefetch_l2_evict_last(v_head + offset);
+        const int copy_rows = (tile_tokens + 31) & ~31;
+#pragma unroll
+        for (int pass = 0; pass < kPasses; ++pass) {
+          const int row = row0 + pass * kRowsPerPass;
+          if (row >= copy_rows) break;
+          const bool valid = row < tile_tokens;
+          const T* k_src = k_head + (valid ? int64_t(d.ids[row >> p.block_size_log2]) * p.page_stride +
+                                                 (row & block_mask) * int32_t(p.token_stride)
+                                           : 0);
+          if (kv_shared && valid && chunk % 8 == 0) {
+            ptx::prefetch_l2_evict_last(k_src);
+            ptx::prefetch_l2_evict_last(k_src + v_minus_k);
           }
-          const uint32_t bytes = valid ? 16 : 0;  // zero-fill: P = 0 there, and 0 * V must not be NaN
-          ptx::cp_async_16(k_dst + swizzled(row, chunk), k_head + offset, bytes);
-          ptx::cp_async_16(v_dst + swizzled(row, chunk), v_head + offset, bytes);
+          const uint32_t bytes = valid ? 16 : 0;
+          ptx::cp_async_16(k_dst + pass * kRowsPerPass * C::kRowBytes, k_src, bytes);
+          ptx::cp_async_16(v_dst + pass * kRowsPerPass * C::kRowBytes, k_src + v_minus_k, bytes);
         }
-        if (d.tile == 0) {
+        if (tile == 0) {
           const uint32_t q_dst = v_dst + C::kKvTileBytes;
-          const attention::UnitQuery* queries = query_ring + d.query_slot * C::kMaxRows;
-          const T* q = static_cast<const T*>(p.q);
-#pragma unroll 8
-          for (int i = 0; i < kChunksPerLane; ++i) {
-            const int c = i * C::kProducerThreads + producer;
-            const int row = c / C::kChunksPerRow;
-            const int chunk = c % C::kChunksPerRow;
-            const bool valid = row < d.rows;
+          const attention::UnitQuery* queries = query_ring + query_slot * C::kMaxRows;
+          const int q_rows = rows <= 16 ? 16 : rows <= 32 ? 32 : C::kMaxRows;
+          const T* q = static_cast<const T*>(p.q) + chunk * 8;
+#pragma unroll
+          for (int pass = 0; pass < kPasses; ++pass) {
+            const int row = row0 + pass * kRowsPerPass;
+            if (row >= q_rows) break;
+            const bool valid = row < rows;
             const int64_t q_row = valid ? int64_t(queries[row / p.group].seq) * p.num_q_heads +
-                                              int64_t(d.kv_head) * p.group + row % p.group
+                                              int64_t(kv_head) * p.group + row % p.group
                                         : 0;
-            ptx::cp_async_16(q_dst + swizzled(row, chunk), q + q_row * kHeadDim + chunk * 8, valid ? 16 : 0);
+            ptx::cp_async_16(q_dst + pass * kRowsPerPass * C::kRowBytes, q + q_row * kHeadDim, valid ? 16 : 0);
           }
         }
       }
@@ -300,45 +314,56 @@ __global__ void __launch_bounds__(PrefixTiledConfig<kHeadDim>::kThreads, 1)
     row_sum[0] = row_sum[1] = 0.f;
   };
 
-  // 16 tokens [first, first + 16) of the tile in `stage`; first is tile-relative, token0 the
-  // item-relative index of the tile's token 0.
-  auto compute_chunk = [&](int stage, int first, int token0) {
+  // kChunks x 16 tokens [first, first + 16 kChunks) of the tile in `stage`; first is
+  // tile-relative, token0 the item-relative index of the tile's token 0, and the first chunk holds
+  // at least one of the item's tokens. Two chunks at a time give the S products four independent
+  // mma chains and halve the rescales of O.
+  auto compute_chunks = [&]<int kChunks>(int stage, int first, int token0) {
     const uint32_t k_src = stage_base(stage);
     const uint32_t v_src = k_src + C::kKvTileBytes;
     const int i = lane / 8;
-    float s[2][4] = {};  // (row g, tokens 8n + 2t, +1), (row g + 8, the same tokens)
+    float s[kChunks][2][4] = {};  // chunk c: (row g, tokens 8n + 2t, +1), (row g + 8, the same tokens)
 #pragma unroll
     for (int ks = 0; ks < kDimSteps; ++ks) {
-      uint32_t b[4];  // tokens [0, 8) then [8, 16) of the chunk, dims 16 ks + [0, 8) and + [8, 16)
-      ptx::ldmatrix_x4(b, k_src + swizzled(first + (i >> 1) * 8 + (lane & 7), 2 * ks + (i & 1)));
-      ptx::mma_16x8x16<T>(s[0], q_frag[ks], b[0], b[1]);
-      ptx::mma_16x8x16<T>(s[1], q_frag[ks], b[2], b[3]);
+#pragma unroll
+      for (int c = 0; c < kChunks; ++c) {
+        uint32_t b[4];  // tokens [0, 8) then [8, 16) of chunk c, dims 16 ks + [0, 8) and + [8, 16)
+        ptx::ldmatrix_x4(b, k_src + swizzled(first + 16 * c + (i >> 1) * 8 + (lane & 7), 2 * ks + (i & 1)));
+        ptx::mma_16x8x16<T>(s[c][0], q_frag[ks], b[0], b[1]);
+        ptx::mma_16x8x16<T>(s[c][1], q_frag[ks], b[2], b[3]);
+      }
     }
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
       float chunk_max = -INFINITY;
 #pragma unroll
-      for (int n = 0; n < 2; ++n) {
+      for (int c = 0; c < kChunks; ++c) {
 #pragma unroll
-        for (int e = 0; e < 2; ++e) {
-          float& x = s[n][2 * h + e];
-          x = token0 + first + 8 * n + 2 * t + e < num_tokens ? x * p.scale_log2 : -INFINITY;
-          chunk_max = fmaxf(chunk_max, x);
+        for (int n = 0; n < 2; ++n) {
+#pragma unroll
+          for (int e = 0; e < 2; ++e) {
+            float& x = s[c][n][2 * h + e];
+            x = token0 + first + 16 * c + 8 * n + 2 * t + e < num_tokens ? x * p.scale_log2 : -INFINITY;
+            chunk_max = fmaxf(chunk_max, x);
+          }
         }
       }
       chunk_max = fmaxf(chunk_max, __shfl_xor_sync(0xffffffffu, chunk_max, 1));
       chunk_max = fmaxf(chunk_max, __shfl_xor_sync(0xffffffffu, chunk_max, 2));
-      const float new_max = fmaxf(row_max[h], chunk_max);  // finite: the chunk's first token is real
+      const float new_max = fmaxf(row_max[h], chunk_max);  // finite: the first chunk has a real token
       const float correction = exp2f(row_max[h] - new_max);  // 0 on the warp's first chunk
       row_max[h] = new_max;
       float sum = 0.f;
 #pragma unroll
-      for (int n = 0; n < 2; ++n) {
+      for (int c = 0; c < kChunks; ++c) {
 #pragma unroll
-        for (int e = 0; e < 2; ++e) {
-          float& x = s[n][2 * h + e];
-          x = exp2f(x - new_max);
-          sum += x;
+        for (int n = 0; n < 2; ++n) {
+#pragma unroll
+          for (int e = 0; e < 2; ++e) {
+            float& x = s[c][n][2 * h + e];
+            x = exp2f(x - new_max);
+            sum += x;
+          }
         }
       }
       row_sum[h] = row_sum[h] * correction + sum;
@@ -348,15 +373,24 @@ __global__ void __launch_bounds__(PrefixTiledConfig<kHeadDim>::kThreads, 1)
         o_acc[n][2 * h + 1] *= correction;
       }
     }
-    const uint32_t a[4] = {ptx::pack2<T>(s[0][0], s[0][1]), ptx::pack2<T>(s[0][2], s[0][3]),
-                           ptx::pack2<T>(s[1][0], s[1][1]), ptx::pack2<T>(s[1][2], s[1][3])};
+    uint32_t a[kChunks][4];
+#pragma unroll
+    for (int c = 0; c < kChunks; ++c) {
+      a[c][0] = ptx::pack2<T>(s[c][0][0], s[c][0][1]);
+      a[c][1] = ptx::pack2<T>(s[c][0][2], s[c][0][3]);
+      a[c][2] = ptx::pack2<T>(s[c][1][0], s[c][1][1]);
+      a[c][3] = ptx::pack2<T>(s[c][1][2], s[c][1][3]);
+    }
 #pragma unroll
     for (int dn = 0; dn < kDimTiles / 2; ++dn) {
-      // Transposed: tokens [0, 8) and [8, 16) of dims 16 dn + [0, 8), then of dims + [8, 16).
-      uint32_t b[4];
-      ptx::ldmatrix_x4_trans(b, v_src + swizzled(first + (i & 1) * 8 + (lane & 7), 2 * dn + (i >> 1)));
-      ptx::mma_16x8x16<T>(o_acc[2 * dn], a, b[0], b[1]);
-      ptx::mma_16x8x16<T>(o_acc[2 * dn + 1], a, b[2], b[3]);
+#pragma unroll
+      for (int c = 0; c < kChunks; ++c) {
+        // Transposed: tokens [0, 8) and [8, 16) of dims 16 dn + [0, 8), then of dims + [8, 16).
+        uint32_t b[4];
+        ptx::ldmatrix_x4_trans(b, v_src + swizzled(first + 16 * c + (i & 1) * 8 + (lane & 7), 2 * dn + (i >> 1)));
+        ptx::mma_16x8x16<T>(o_acc[2 * dn], a[c], b[0], b[1]);
+        ptx::mma_16x8x16<T>(o_acc[2 * dn + 1], a[c], b[2], b[3]);
+      }
     }
   };
 
@@ -465,9 +499,13 @@ __global__ void __launch_bounds__(PrefixTiledConfig<kHeadDim>::kThreads, 1)
         start_item(stage, solo);
       }
       const int token0 = tile * C::kTileTokens;
+      if (slice == 16) {  // four warps split the tile: one chunk each
+        if (token0 + wn * 16 < num_tokens) compute_chunks.template operator()<1>(stage, wn * 16, token0);
+      } else {
 #pragma unroll 1
-      for (int first = wn * slice; first < (wn + 1) * slice && token0 + first < num_tokens; first += 16) {
-        compute_chunk(stage, first, token0);
+        for (int first = wn * slice; first < (wn + 1) * slice && token0 + first < num_tokens; first += 32) {
+          compute_chunks.template operator()<2>(stage, first, token0);
+        }
       }
     }
     __syncwarp();
