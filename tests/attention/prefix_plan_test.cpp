@@ -238,10 +238,10 @@ TEST(PrefixPlan, PackingMovesNoMoreBytesThanOneUnitPerQuery) {
     packed.pack = true;
     packed.split = false;
     const PrefixPlan base_plan = plan_prefix(batch, c.shape, c.device, unpacked);
-    const PlanTraffic base = plan_traffic(base_plan, c.shape, bytes);
-    const PlanTraffic whole = plan_traffic(plan_prefix(batch, c.shape, c.device, packed), c.shape, bytes);
+    const PlanTraffic base = plan_traffic(base_plan, c.shape, unpacked);
+    const PlanTraffic whole = plan_traffic(plan_prefix(batch, c.shape, c.device, packed), c.shape, packed);
     packed.split = true;
-    const PlanTraffic split = plan_traffic(plan_prefix(batch, c.shape, c.device, packed), c.shape, bytes);
+    const PlanTraffic split = plan_traffic(plan_prefix(batch, c.shape, c.device, packed), c.shape, packed);
     // Without packing every query is read by one unit over its whole KV (identical sequences
     // may share it), so no partial state is written.
     ASSERT_NO_FATAL_FAILURE(check_plan(base_plan, batch, c.shape, unpacked));
@@ -284,9 +284,9 @@ TEST(PrefixPlan, PackingNeverMovesMoreBytesOnSmallTrees) {
   const DecodeBatch batch = make_tree_batch(parse_prefix_tree("1,2_16,100"), 16);
   const DeviceInfo device{.num_workers = 8};
   const PlanTraffic unpacked =
-      plan_traffic(plan_prefix(batch, shape, device, PrefixPlanOptions{.pack = false, .split = false}), shape, 2);
+      plan_traffic(plan_prefix(batch, shape, device, PrefixPlanOptions{.pack = false, .split = false}), shape, {});
   const PlanTraffic packed =
-      plan_traffic(plan_prefix(batch, shape, device, PrefixPlanOptions{.split = false}), shape, 2);
+      plan_traffic(plan_prefix(batch, shape, device, PrefixPlanOptions{.split = false}), shape, {});
   EXPECT_EQ(unpacked.total(), 59392 + 1024 + 1024);  // 2 x 116 tokens x 256 bytes, q, out
   EXPECT_LE(packed.total(), unpacked.total());
 }
@@ -375,7 +375,7 @@ TEST(PrefixPlan, LongRootIsReadOnceForItsLeaves) {
     EXPECT_EQ(root.num_queries, 10);
     EXPECT_EQ(root.m_tile, group == 1 ? 16 : group == 4 ? 64 : 128);
     EXPECT_EQ(root.kv_shared, 0);
-    const PlanTraffic t = plan_traffic(plan, shape, 2);
+    const PlanTraffic t = plan_traffic(plan, shape, options);
     EXPECT_EQ(t.kv, kv_bytes_of_tokens(4096 + 10 * 416, shape, 2));
     EXPECT_EQ(t.kv, kv_bytes_of_tokens(unique_kv_tokens(batch, 16), shape, 2));
     EXPECT_EQ(plan.num_pieces, 20);
@@ -520,16 +520,20 @@ TEST(PrefixPlan, LongKvSplitCutsALongRootIntoEqualPieces) {
   }
   EXPECT_EQ(pieces, 32);
   EXPECT_EQ(plan.num_pieces, 2 * 33);
-  // One worker: the fair share is the whole batch; the mean unit (4296 / 3 = 1432 -> 1440)
-  // bounds the pieces, and the shortest piece that keeps the same 10 items (4096 in 3 pieces)
-  // is 1376: pieces of 1376, 1376 and 1344.
+  // One worker: its fair share is the whole batch, so nothing is cut.
   const PrefixPlan one = plan_prefix(batch, shape, DeviceInfo{.num_workers = 1}, options);
   check_plan(one, batch, shape, options);
-  EXPECT_EQ(one.split_tokens, 1376);
+  EXPECT_EQ(one.split_tokens, 0);
   std::vector<int32_t> lengths;
   for (const PrefixUnit& u : one.units) lengths.push_back(u.num_tokens);
   std::sort(lengths.begin(), lengths.end());
-  EXPECT_EQ(lengths, (std::vector<int32_t>{100, 100, 1344, 1376, 1376}));
+  EXPECT_EQ(lengths, (std::vector<int32_t>{100, 100, 4096}));
+  // Four workers: a fair share is (4096 + 2 x 100) x 2 heads / 4 = 2148 tokens (2160 in blocks);
+  // the root's 2 pieces and the 2 tails make 8 items, two rounds, which pieces of 2048 keep.
+  const PrefixPlan four = plan_prefix(batch, shape, DeviceInfo{.num_workers = 4}, options);
+  check_plan(four, batch, shape, options);
+  check_split(four, plan_prefix(batch, shape, DeviceInfo{.num_workers = 4}, unsplit), options, 16);
+  EXPECT_EQ(four.split_tokens, 2048);
 }
 
 // A unit just over the piece length is not cut into two pieces both shorter than the minimum.
@@ -680,7 +684,7 @@ TEST(CascadeBatch, PlansTheSharedPrefixOncePerRowChunk) {
       readers += u->num_queries;
     }
     EXPECT_EQ(readers, requests);
-    const PlanTraffic t = plan_traffic(plan, shape, 2);
+    const PlanTraffic t = plan_traffic(plan, shape, options);
     EXPECT_EQ(t.kv, kv_bytes_of_tokens(int64_t(64) * chunks + unique_kv_tokens(batch, 16) - 64, shape, 2));
   }
 }

@@ -30,7 +30,13 @@ TEST(GpuMergeStates, MatchesHostMerge) {
   std::mt19937 rng(7);
   std::normal_distribution<float> normal;
   std::vector<float> o(size_t(slots) * group * dim), lse(size_t(slots) * group);
-  for (auto& x : o) x = normal(rng);
+  // o travels in f16 (the merge reads partials in the output dtype): the reference uses the
+  // rounded values.
+  std::vector<uint16_t> o_f16(o.size());
+  for (size_t i = 0; i < o.size(); ++i) {
+    o_f16[i] = f32_to_f16(normal(rng));
+    o[i] = f16_to_f32(o_f16[i]);
+  }
   for (auto& x : lse) x = 4.f * normal(rng);
   for (int s = 10; s < 12; ++s) {
     for (int r = 0; r < group; ++r) lse[size_t(s) * group + r] = -INFINITY;
@@ -69,10 +75,10 @@ TEST(GpuMergeStates, MatchesHostMerge) {
   };
 
   DeviceArray<attention::MergeTask> d_tasks;
-  DeviceArray<float> d_o, d_lse, d_out_lse(size_t(num_seqs) * num_q_heads);
-  DeviceArray<uint16_t> d_out(size_t(num_seqs) * num_q_heads * dim);
+  DeviceArray<float> d_lse, d_out_lse(size_t(num_seqs) * num_q_heads);
+  DeviceArray<uint16_t> d_o, d_out(size_t(num_seqs) * num_q_heads * dim);
   d_tasks.upload(tasks);
-  d_o.upload(o);
+  d_o.upload(o_f16);
   d_lse.upload(lse);
   // max_partials sets how many warps share a row (1, 2 and 8 here); each must merge the same.
   for (const int max_partials : {1, attention::max_partials(tasks), 64}) {

@@ -27,7 +27,7 @@ struct PlanOptions {
   int32_t max_kv_tokens_per_item = 0;
   // The planner's own splits stay at least this long: an item must read enough KV to pay for
   // writing and merging its partial state. 128 tokens is two tiles of the GPU kernel (32 KB of K
-  // plus 32 KB of V per kv head at head_dim 128, against a 4 KB fp32 partial per 8 query rows); a
+  // plus 32 KB of V per kv head at head_dim 128, against a 2 KB f16 partial per 8 query rows); a
   // batch of one on a large GPU needs pieces that small to occupy every multiprocessor. On an
   // H200, 256 and 512 were slower overall and 64 slower on the worst batch-1 shape
   // (bench/results/nvidia-h200/README.md).
@@ -59,7 +59,8 @@ struct DecodePlan {
   std::vector<WorkItem> items;
   std::vector<MergeTask> merges;  // run after every item has finished
   // Partial-state scratch the executor provides:
-  //   o [num_partials, group_size, head_dim] fp32, lse [num_partials, group_size] fp32.
+  //   o [num_partials, group_size, head_dim], lse [num_partials, group_size] fp32; o is fp32 on
+  //   the CPU and the KV dtype on the GPU.
   int32_t num_partials = 0;
   int32_t kv_tokens_per_item = 0;  // the split chunk, 0 when nothing is split
 };

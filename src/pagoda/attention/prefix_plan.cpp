@@ -17,16 +17,18 @@ void validate_options(const PrefixPlanOptions& options) {
            options.m_tiles[i]);
     }
   }
-  if (options.min_kv_tokens_per_unit <= 0 || options.kv_bytes_per_element <= 0) {
-    fail(ErrorKind::kInvalidArgument, "prefix plan: min tokens per unit {} and bytes per element {} must be positive",
-         options.min_kv_tokens_per_unit, options.kv_bytes_per_element);
+  if (options.min_kv_tokens_per_unit <= 0 || options.kv_bytes_per_element <= 0 ||
+      options.partial_o_bytes_per_element <= 0) {
+    fail(ErrorKind::kInvalidArgument,
+         "prefix plan: min tokens per unit {} and bytes per element {} (KV) and {} (partial o) must be positive",
+         options.min_kv_tokens_per_unit, options.kv_bytes_per_element, options.partial_o_bytes_per_element);
   }
 }
 
-// Bytes one query's partial state costs per kv head: fp32 o and lse of its group rows, written by
+// Bytes one query's partial state costs per kv head: o and fp32 lse of its group rows, written by
 // a unit and read back by the merge.
-int64_t partial_bytes(const AttentionShape& shape) {
-  return 2 * int64_t(shape.group_size()) * (shape.head_dim + 1) * 4;
+int64_t partial_bytes(const AttentionShape& shape, const PrefixPlanOptions& options) {
+  return 2 * int64_t(shape.group_size()) * (int64_t(shape.head_dim) * options.partial_o_bytes_per_element + 4);
 }
 
 // A run of KV read by a set of queries: the packer's output before row chunking and splitting.
@@ -91,7 +93,7 @@ class Packer {
       const Pack& pack = packs[i];
       for (int32_t j = 0; j < pack.num_queries; ++j) {
         int32_t& pieces = pieces_[size_t(pack_queries[size_t(pack.query_begin + j)])];
-        if (pieces > 1) total += pieces * partial_bytes(shape_);
+        if (pieces > 1) total += pieces * partial_bytes(shape_, options_);
         pieces = 0;  // counted once, and reset for the next call
       }
     }
@@ -108,7 +110,7 @@ class Packer {
     // Merging a child reads this pack's KV once more per unit of the child's queries, and saves
     // each of them a partial state (the scheme comparison of the paper, §5.1).
     auto merge = [&](const PrefixNode& child) {
-      const int64_t saved = child.num_queries() * partial_bytes(shape_);
+      const int64_t saved = child.num_queries() * partial_bytes(shape_, options_);
       const int64_t extra = kv_tokens * token_bytes * chunks(child.num_queries());
       return merge_all_ || !options_.pack || saved > extra;
     };
@@ -145,12 +147,14 @@ class Packer {
   std::vector<int32_t> pieces_;  // per sequence, bytes()'s count of the packs holding it
 };
 
-// The long-KV split's piece length. The paper cuts units longer than the mean unit length; a
-// batch too small to fill the device is cut finer, to a fair share of the workers' load. Either
-// leaves some number of rounds of items over the workers; the piece is then the shortest that
-// keeps that number of rounds (a longer one would leave the last round mostly idle: 144 items on
-// 132 workers take two rounds of the longest item). Never below the minimum; 0 when no unit is
-// longer.
+// The long-KV split's piece length. The paper cuts units longer than the batch mean; here only
+// units longer than a worker's fair share of the batch (KV tokens of all items / workers) are
+// cut, because each cut adds a partial state per row, written and merged: at GQA groups of 4-8
+// those outweigh the KV of trees made mostly of short tails (the mean of such a batch is about
+// the tail length). Cut units leave some number of rounds of items over the workers; the piece
+// is then the shortest that keeps that number of rounds (a longer one would leave the last round
+// mostly idle: 144 items on 132 workers take two rounds of the longest item). Never below the
+// minimum; 0 when no unit is longer.
 int32_t split_length(const std::vector<PrefixUnit>& units, const AttentionShape& shape, const DeviceInfo& device,
                      const PrefixPlanOptions& options) {
   if (!options.split || units.empty()) return 0;
@@ -160,11 +164,10 @@ int32_t split_length(const std::vector<PrefixUnit>& units, const AttentionShape&
     longest = std::max<int64_t>(longest, u.num_tokens);
   }
   const int64_t workers = std::max(device.num_workers, 1);
-  const int64_t mean = total / int64_t(units.size());
   const int64_t fair = total * shape.num_kv_heads / workers;
   const int64_t bs = shape.block_size;
   const int64_t floor = (options.min_kv_tokens_per_unit + bs - 1) / bs * bs;
-  int64_t length = std::max(floor, (std::min(mean, fair) + bs - 1) / bs * bs);
+  int64_t length = std::max(floor, (fair + bs - 1) / bs * bs);
   if (length >= longest) return 0;
   auto items = [&](int64_t piece) {
     int64_t n = 0;
@@ -313,14 +316,15 @@ DecodeBatch cascade_batch(const std::vector<int32_t>& shared_blocks, int32_t sha
   return batch;
 }
 
-PlanTraffic plan_traffic(const PrefixPlan& plan, const AttentionShape& shape, int32_t bytes_per_element) {
+PlanTraffic plan_traffic(const PrefixPlan& plan, const AttentionShape& shape, const PrefixPlanOptions& options) {
+  const int64_t bytes_per_element = options.kv_bytes_per_element;
   PlanTraffic t;
   const int64_t heads = shape.num_kv_heads;
   for (const PrefixUnit& u : plan.units) {
     t.kv += int64_t(u.num_tokens) * 2 * shape.head_dim * bytes_per_element * heads;
     t.q += int64_t(u.num_queries) * shape.group_size() * shape.head_dim * bytes_per_element * heads;
   }
-  t.partial = int64_t(plan.num_partials()) * partial_bytes(shape);
+  t.partial = int64_t(plan.num_partials()) * partial_bytes(shape, options);
   int32_t num_seqs = 0;
   for (const UnitQuery& uq : plan.unit_queries) num_seqs = std::max(num_seqs, uq.seq + 1);
   for (const MergeTask& m : plan.merges) num_seqs = std::max(num_seqs, m.seq + 1);

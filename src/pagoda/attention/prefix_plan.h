@@ -10,8 +10,9 @@
 //   3. row chunking: a unit holds at most the largest M tile of query rows (queries x GQA
 //      group); a node with more queries is read by several units, marked kv_shared so its KV
 //      stays in L2;
-//   4. the long-KV split: units longer than the batch mean (or than a fair share of the device)
-//      are cut into equal pieces, so no worker finishes long after the others;
+//   4. the long-KV split: units longer than a worker's fair share of the batch are cut into
+//      equal pieces, so no worker finishes long after the others (the paper cuts at the batch
+//      mean, which multiplies partial states where short tails dominate: prefix_plan.cpp);
 //   5. merges: a query covered by several units gets one partial state per unit and a merge task
 //      (merge.h's ⊕, one per kv head); a query covered by one unit gets its output from it.
 // The plan reads block ids and lengths only. Kernels run its items in order (item i: unit
@@ -37,6 +38,7 @@ struct PrefixPlanOptions {
   std::vector<int32_t> m_tiles{16, 32, 64, 128};
   int32_t min_kv_tokens_per_unit = 128;  // the split never cuts pieces shorter (rounded to blocks)
   int32_t kv_bytes_per_element = 2;      // f16/bf16 KV: the byte model's weight of KV reads
+  int32_t partial_o_bytes_per_element = 4;  // the executor's partial o: fp32 on the CPU, f16/bf16 on the GPU
 };
 
 struct PrefixUnit {
@@ -69,7 +71,7 @@ struct PrefixPlan {
   int32_t split_tokens = 0;  // the long-KV split's piece length, 0 when nothing was split
 
   // Partial-state scratch the executor provides, as for DecodePlan:
-  //   o [num_partials, group, head_dim] fp32, lse [num_partials, group] fp32.
+  //   o [num_partials, group, head_dim] (options.partial_o_bytes_per_element), lse [num_partials, group] fp32.
   int32_t num_partials() const { return num_pieces * num_kv_heads; }
   int64_t num_items() const { return int64_t(units.size()) * num_kv_heads; }
 };
@@ -78,7 +80,7 @@ struct PrefixPlan {
 struct PlanTraffic {
   int64_t kv = 0;       // K and V tokens of every item
   int64_t q = 0;        // query rows of every item
-  int64_t partial = 0;  // partial states written by items and read by merges (fp32 o and lse)
+  int64_t partial = 0;  // partial states written by items and read by merges (o and fp32 lse)
   int64_t out = 0;      // output rows written once
   int64_t total() const { return kv + q + partial + out; }
 };
@@ -101,7 +103,8 @@ DecodeBatch cascade_batch(const std::vector<int32_t>& shared_blocks, int32_t sha
                           const std::vector<std::vector<int32_t>>& suffix_blocks,
                           const std::vector<int32_t>& suffix_tokens, int32_t block_size);
 
-PlanTraffic plan_traffic(const PrefixPlan& plan, const AttentionShape& shape, int32_t bytes_per_element);
+// Element sizes from the options the plan was made with.
+PlanTraffic plan_traffic(const PrefixPlan& plan, const AttentionShape& shape, const PrefixPlanOptions& options);
 
 // KV tokens the batch holds once each: every distinct block counted once, at the most tokens any
 // sequence reads from it. unique tokens x 2 x kv heads x head_dim x bytes is the bound's numerator.

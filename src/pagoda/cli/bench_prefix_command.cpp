@@ -125,11 +125,11 @@ PlanFigures plan_figures(const std::string& tree, HeadSpec heads, const PrefixBe
   const int64_t token_bytes = 2 * int64_t(heads.kv_heads) * flags.head_dim * element_bytes;
   f.unique_bytes = attention::unique_kv_tokens(f.batch, flags.block_size) * token_bytes;
   for (int32_t length : f.batch.kv_lengths) f.flops += 4.0 * length * heads.q_heads * flags.head_dim;
-  f.traffic = attention::plan_traffic(f.plan, f.shape, element_bytes);
+  f.traffic = attention::plan_traffic(f.plan, f.shape, options);
   attention::PrefixPlanOptions unpacked = options;
   unpacked.pack = false;
   unpacked.split = false;
-  f.unpacked = attention::plan_traffic(attention::plan_prefix(f.batch, f.shape, device, unpacked), f.shape, element_bytes);
+  f.unpacked = attention::plan_traffic(attention::plan_prefix(f.batch, f.shape, device, unpacked), f.shape, unpacked);
   f.plan_us = host_us(21, [&] { attention::plan_prefix(f.batch, f.shape, device, options); });
   attention::PrefixPlanner planner(f.shape, device, options);
   planner.plan(f.batch);

@@ -43,7 +43,7 @@ struct DecodeWorkspace {
   DeviceArray<attention::WorkItem> items;
   DeviceArray<attention::MergeTask> merges;
   DeviceArray<int32_t> block_ids;
-  DeviceArray<float> partial_o;    // [num_partials, group_size, head_dim]
+  DeviceArray<uint16_t> partial_o;   // [num_partials, group_size, head_dim] of the KV dtype
   DeviceArray<float> partial_lse;  // [num_partials, group_size]
   int32_t group_size = 0;  // of the shape uploaded with: decode_attention checks it is the same
   int32_t head_dim = 0;

@@ -12,29 +12,30 @@ namespace {
 
 constexpr int kWarps = 8;
 constexpr int kMaxDimsPerLane = 8;  // head_dim <= 256
+constexpr int kBatch = 4;           // partials whose loads a warp issues together
 
-// A CTA of 8 warps merges 8 / warps_per_row output rows. A row's partials are dealt round-robin
-// to its warps, and each warp keeps four partials' loads in flight, so a long split (a batch of
-// one cuts each sequence into dozens of partials) takes a few memory latencies, not one per
-// partial, while the usual handful of partials per row (prefix attention's pieces) needs one warp
-// and no barrier. Every lane owns head_dim / 32 dims. Each partial weighs exp(lse_s - max); a row
-// whose partials are all empty (lse -inf) gets o = 0 and lse = -inf rather than the NaN of
-// exp(-inf - -inf).
+// A CTA of 8 warps merges 8 / warps_per_row output rows; every lane owns head_dim / 32 dims. A
+// row's partials are dealt round-robin to its warps, and a warp loads kBatch of its partials (o
+// and lse) at once and folds them with the online softmax, so a row costs a memory latency per
+// batch: one for the handful of partials prefix attention leaves per row (one warp, no barrier),
+// a few for a long split (a batch of one cuts each sequence into dozens of partials, spread over
+// up to 8 warps). A row whose partials are all empty (lse -inf) gets o = 0 and lse = -inf rather
+// than the NaN of exp(-inf - -inf).
 template <typename T>
-__global__ void __launch_bounds__(kWarps * 32)
+__global__ void __launch_bounds__(kWarps * 32, 4)  // 4 CTAs (32 warps) per SM: at most 64 registers
     merge_partial_states_kernel(const attention::MergeTask* __restrict__ merges, int64_t num_rows, int warps_per_row,
                                 int heads_per_task, int64_t head_slot_stride, int group, int num_q_heads,
-                                int head_dim, const float* __restrict__ partial_o,
+                                int head_dim, const T* __restrict__ partial_o,
                                 const float* __restrict__ partial_lse, T* __restrict__ out,
                                 float* __restrict__ lse) {
   __shared__ float warp_max[kWarps];
-  __shared__ float warp_weight[kWarps];
+  __shared__ float warp_sum[kWarps];
   extern __shared__ float warp_acc[];  // [kWarps][head_dim] when warps_per_row > 1
   const int warp = threadIdx.x / 32;
   const int lane = threadIdx.x % 32;
   const int part = warp % warps_per_row;  // the row's partials part, part + warps_per_row, ...
   const int64_t row_index = int64_t(blockIdx.x) * (kWarps / warps_per_row) + warp / warps_per_row;
-  const bool shared_row = warps_per_row > 1;  // uniform over the CTA: every warp meets the barriers
+  const bool shared_row = warps_per_row > 1;  // uniform over the CTA: every warp meets the barrier
   ptx::wait_prerequisite_grid();  // launched early (programmatic dependent launch): wait for the partials
   if (row_index >= num_rows && !shared_row) return;
 
@@ -45,50 +46,70 @@ __global__ void __launch_bounds__(kWarps * 32)
   const int head = int(task_row / group % heads_per_task);
   const int r = int(task_row % group);
   const int64_t row = int64_t(task.seq) * num_q_heads + int64_t(task.kv_head + head) * group + r;
-  const int64_t first = task.partial_begin + head * head_slot_stride;
-  const int64_t last = row_index < num_rows ? first + task.num_partials : first;
+  const int64_t first = task.partial_begin + head * head_slot_stride + part;
+  const int64_t last = row_index < num_rows ? task.partial_begin + head * head_slot_stride + task.num_partials : 0;
 
-  float max_lse = -INFINITY;
-  for (int64_t s = first + part * 32 + lane; s < last; s += warps_per_row * 32) {
-    max_lse = fmaxf(max_lse, partial_lse[s * group + r]);
-  }
-  for (int offset = 16; offset > 0; offset /= 2) max_lse = fmaxf(max_lse, __shfl_xor_sync(0xffffffffu, max_lse, offset));
-  if (shared_row) {
-    if (lane == 0) warp_max[warp] = max_lse;
-    __syncthreads();
-    for (int w = warp - part; w < warp - part + warps_per_row; ++w) max_lse = fmaxf(max_lse, warp_max[w]);
-  }
-
-  float weight_sum = 0.f;
+  float max_lse = -INFINITY, weight_sum = 0.f;
   float acc[kMaxDimsPerLane] = {};
-  if (max_lse != -INFINITY) {
-#pragma unroll 4
-    for (int64_t s = first + part; s < last; s += warps_per_row) {
-      const int64_t slot = s * group + r;
-      const float weight = __expf(partial_lse[slot] - max_lse);
-      weight_sum += weight;
+  for (int64_t batch = first; batch < last; batch += kBatch * warps_per_row) {
+    // Lane j < kBatch holds the lse of the batch's partial j; every lane its dims of each o.
+    const int64_t own = batch + int64_t(lane) * warps_per_row;
+    const float lane_lse = lane < kBatch && own < last ? partial_lse[own * group + r] : -INFINITY;
+    float o[kBatch][kMaxDimsPerLane];
+#pragma unroll
+    for (int j = 0; j < kBatch; ++j) {
+      const int64_t s = batch + int64_t(j) * warps_per_row;
 #pragma unroll
       for (int i = 0; i < kMaxDimsPerLane; ++i) {
         const int d = lane + 32 * i;
-        if (d < head_dim) acc[i] += weight * partial_o[slot * head_dim + d];
+        o[j][i] = s < last && d < head_dim ? ptx::to_float(partial_o[(s * group + r) * head_dim + d]) : 0.f;
       }
     }
+    float batch_max = lane_lse;
+    for (int offset = kBatch / 2; offset > 0; offset /= 2) {
+      batch_max = fmaxf(batch_max, __shfl_xor_sync(0xffffffffu, batch_max, offset));
+    }
+    batch_max = __shfl_sync(0xffffffffu, batch_max, 0);
+    const float new_max = fmaxf(max_lse, batch_max);
+    if (new_max == -INFINITY) continue;  // every partial so far is empty
+    const float scale = __expf(max_lse - new_max);  // 0 while max_lse is -inf
+    weight_sum *= scale;
+#pragma unroll
+    for (int i = 0; i < kMaxDimsPerLane; ++i) acc[i] *= scale;
+#pragma unroll
+    for (int j = 0; j < kBatch; ++j) {
+      const float weight = __expf(__shfl_sync(0xffffffffu, lane_lse, j) - new_max);  // 0 past the last
+      weight_sum += weight;
+#pragma unroll
+      for (int i = 0; i < kMaxDimsPerLane; ++i) acc[i] += weight * o[j][i];
+    }
+    max_lse = new_max;
   }
-  if (shared_row) {
+  if (shared_row) {  // fold the row's warps into its first
 #pragma unroll
     for (int i = 0; i < kMaxDimsPerLane; ++i) {
       if (lane + 32 * i < head_dim) warp_acc[warp * head_dim + lane + 32 * i] = acc[i];
     }
-    if (lane == 0) warp_weight[warp] = weight_sum;
+    if (lane == 0) {
+      warp_max[warp] = max_lse;
+      warp_sum[warp] = weight_sum;
+    }
     __syncthreads();
     if (part > 0 || row_index >= num_rows) return;
+    max_lse = -INFINITY;
+    for (int w = warp; w < warp + warps_per_row; ++w) max_lse = fmaxf(max_lse, warp_max[w]);
     weight_sum = 0.f;
-    for (int w = warp; w < warp + warps_per_row; ++w) weight_sum += warp_weight[w];
 #pragma unroll
-    for (int i = 0; i < kMaxDimsPerLane; ++i) {
-      if (lane + 32 * i >= head_dim) continue;
-      acc[i] = 0.f;
-      for (int w = warp; w < warp + warps_per_row; ++w) acc[i] += warp_acc[w * head_dim + lane + 32 * i];
+    for (int i = 0; i < kMaxDimsPerLane; ++i) acc[i] = 0.f;
+    if (max_lse != -INFINITY) {
+      for (int w = warp; w < warp + warps_per_row; ++w) {
+        const float weight = __expf(warp_max[w] - max_lse);  // 0 for a warp with only empty partials
+        weight_sum += warp_sum[w] * weight;
+#pragma unroll
+        for (int i = 0; i < kMaxDimsPerLane; ++i) {
+          if (lane + 32 * i < head_dim) acc[i] += warp_acc[w * head_dim + lane + 32 * i] * weight;
+        }
+      }
     }
   }
   const bool empty = max_lse == -INFINITY;
@@ -105,7 +126,7 @@ __global__ void __launch_bounds__(kWarps * 32)
 
 void merge_partial_states(const attention::MergeTask* merges, int num_merges, int max_partials, int heads_per_task,
                           int64_t head_slot_stride, int group,
-                          int num_q_heads, int head_dim, const float* partial_o,
+                          int num_q_heads, int head_dim, const void* partial_o,
                           const float* partial_lse, DType out_dtype, void* out, float* lse,
                           cudaStream_t stream) {
   if (num_merges == 0) return;
@@ -119,10 +140,9 @@ void merge_partial_states(const attention::MergeTask* merges, int num_merges, in
   attribute.id = cudaLaunchAttributeProgrammaticStreamSerialization;
   attribute.val.programmaticStreamSerializationAllowed = 1;
   cudaLaunchConfig_t config{};
-  // A warp per row while a row has few partials (four loads in flight cover up to 8), more for
-  // long splits.
+  // A warp per row while a row has a few batches of partials, more for long splits.
   int warps_per_row = 1;
-  while (warps_per_row < kWarps && warps_per_row * 8 < max_partials) warps_per_row *= 2;
+  while (warps_per_row < kWarps && warps_per_row * 2 * kBatch < max_partials) warps_per_row *= 2;
   const int64_t num_rows = int64_t(num_merges) * heads_per_task * group;
   const int rows_per_cta = kWarps / warps_per_row;
   config.gridDim = dim3(unsigned((num_rows + rows_per_cta - 1) / rows_per_cta));
@@ -134,12 +154,14 @@ void merge_partial_states(const attention::MergeTask* merges, int num_merges, in
   if (out_dtype == DType::kF16) {
     check_cuda(cudaLaunchKernelEx(&config, merge_partial_states_kernel<__half>, merges, num_rows, warps_per_row, heads_per_task,
                                   head_slot_stride, group, num_q_heads,
-                                  head_dim, partial_o, partial_lse, static_cast<__half*>(out), lse),
+                                  head_dim, static_cast<const __half*>(partial_o), partial_lse,
+                                  static_cast<__half*>(out), lse),
                "merge_partial_states launch");
   } else {
     check_cuda(cudaLaunchKernelEx(&config, merge_partial_states_kernel<__nv_bfloat16>, merges, num_rows, warps_per_row, heads_per_task,
                                   head_slot_stride, group, num_q_heads,
-                                  head_dim, partial_o, partial_lse, static_cast<__nv_bfloat16*>(out), lse),
+                                  head_dim, static_cast<const __nv_bfloat16*>(partial_o), partial_lse,
+                                  static_cast<__nv_bfloat16*>(out), lse),
                "merge_partial_states launch");
   }
 }

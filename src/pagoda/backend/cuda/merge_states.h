@@ -13,15 +13,15 @@ namespace pagoda::cuda {
 //              kv_head + h, each folding slots partial_begin + h * head_slot_stride + [0, num_partials)
 //              (a DecodePlan's merges: 1 and 0; a PrefixPlan's: its kv heads and num_pieces)
 // max_partials: the most partials of any task: how many warps share an output row
-// partial_o:   [num_partials, group, head_dim] fp32 (head_dim <= 256), each normalized over its
-//              own KV range
+// partial_o:   [num_partials, group, head_dim] of out_dtype (head_dim <= 256), each normalized
+//              over its own KV range
 // partial_lse: [num_partials, group] fp32, log(sum(exp(s))) over that range; -inf when empty
 // out:         [num_seqs, num_q_heads, head_dim] of out_dtype (f16 or bf16): the task's rows are
 //              q heads kv_head * group + [0, group) of sequence seq
 // lse:         [num_seqs, num_q_heads] fp32, may be null
 void merge_partial_states(const attention::MergeTask* merges, int num_merges, int max_partials, int heads_per_task,
                           int64_t head_slot_stride, int group,
-                          int num_q_heads, int head_dim, const float* partial_o,
+                          int num_q_heads, int head_dim, const void* partial_o,
                           const float* partial_lse, DType out_dtype, void* out, float* lse,
                           cudaStream_t stream);
 

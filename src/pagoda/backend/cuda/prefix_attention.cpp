@@ -69,7 +69,7 @@ PrefixTiles prefix_tiles(const attention::AttentionShape& shape, DType dtype) {
 }
 
 attention::PrefixPlanOptions prefix_plan_options(const PrefixTiles& tiles) {
-  return {.m_tiles = tiles.m_tiles};
+  return {.m_tiles = tiles.m_tiles, .partial_o_bytes_per_element = 2};
 }
 
 attention::DeviceInfo prefix_device_info(const PrefixTiles& tiles) { return {.num_workers = tiles.workers}; }

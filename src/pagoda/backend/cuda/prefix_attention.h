@@ -59,7 +59,7 @@ struct PrefixWorkspace {
   DeviceArray<attention::UnitQuery> unit_queries;
   DeviceArray<attention::MergeTask> merges;
   DeviceArray<int32_t> block_ids;
-  DeviceArray<float> partial_o;    // [num_partials, group, head_dim]
+  DeviceArray<uint16_t> partial_o;   // [num_partials, group, head_dim] of the KV dtype
   DeviceArray<float> partial_lse;  // [num_partials, group]
   int32_t group_size = 0;  // of the shape uploaded with: prefix_attention checks it is the same
   int32_t head_dim = 0;

@@ -22,7 +22,7 @@ struct DecodeParams {
   const void* q;           // [num_seqs, num_q_heads, head_dim] T
   void* out;               // [num_seqs, num_q_heads, head_dim] T
   float* lse;              // [num_seqs, num_q_heads] or null
-  float* partial_o;        // [num_partials, group, head_dim]
+  void* partial_o;         // [num_partials, group, head_dim] T
   float* partial_lse;      // [num_partials, group]
   int32_t num_q_heads;
   int32_t group;        // query rows per item: q heads kv_head * group + [0, group)

@@ -21,7 +21,7 @@ struct PrefixParams {
   const void* q;       // [num_seqs, num_q_heads, head_dim] T
   void* out;           // [num_seqs, num_q_heads, head_dim] T
   float* lse;          // [num_seqs, num_q_heads] or null
-  float* partial_o;    // [num_kv_heads * num_pieces, group, head_dim]
+  void* partial_o;     // [num_kv_heads * num_pieces, group, head_dim] T
   float* partial_lse;  // [num_kv_heads * num_pieces, group]
   int32_t num_items;  // units x kv heads
   int32_t num_q_heads;

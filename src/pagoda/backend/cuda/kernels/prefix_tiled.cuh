@@ -464,19 +464,16 @@ __global__ void __launch_bounds__(PrefixTiledConfig<kHeadDim>::kThreads, 1)
       const int head = row % p.group;
       const float inv = 1.f / row_sum[h];  // >= 1: the row's max token contributes exp2(0)
       const float lse = row_max[h] * float(M_LN2) + logf(row_sum[h]);
-      if (uq.piece < 0) {
-        const int64_t out_row = int64_t(uq.seq) * p.num_q_heads + int64_t(kv_head) * p.group + head;
-        uint32_t* dst = reinterpret_cast<uint32_t*>(static_cast<T*>(p.out) + out_row * kHeadDim);
+      // The output row, or the row's partial slot (o in T as well: half the bytes of fp32 to
+      // write and merge, and no less precise than the output it becomes).
+      const bool whole = uq.piece < 0;
+      const int64_t out_row = whole ? int64_t(uq.seq) * p.num_q_heads + int64_t(kv_head) * p.group + head
+                                    : (int64_t(kv_head) * p.num_pieces + uq.piece) * p.group + head;
+      uint32_t* dst = reinterpret_cast<uint32_t*>(static_cast<T*>(whole ? p.out : p.partial_o) + out_row * kHeadDim);
 #pragma unroll
-        for (int n = 0; n < kDimTiles; ++n) dst[n * 4 + t] = ptx::pack2<T>(o_acc[n][2 * h] * inv, o_acc[n][2 * h + 1] * inv);
-        if (p.lse && t == 0) p.lse[out_row] = lse;
-      } else {
-        const int64_t slot = (int64_t(kv_head) * p.num_pieces + uq.piece) * p.group + head;
-        float2* dst = reinterpret_cast<float2*>(p.partial_o + slot * kHeadDim);
-#pragma unroll
-        for (int n = 0; n < kDimTiles; ++n) dst[n * 4 + t] = make_float2(o_acc[n][2 * h] * inv, o_acc[n][2 * h + 1] * inv);
-        if (t == 0) p.partial_lse[slot] = lse;
-      }
+      for (int n = 0; n < kDimTiles; ++n) dst[n * 4 + t] = ptx::pack2<T>(o_acc[n][2 * h] * inv, o_acc[n][2 * h + 1] * inv);
+      float* lse_dst = whole ? p.lse : p.partial_lse;
+      if (lse_dst && t == 0) lse_dst[out_row] = lse;
     }
   };
 

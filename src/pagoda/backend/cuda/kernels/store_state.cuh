@@ -17,7 +17,7 @@ __device__ __forceinline__ void store_state_o(const DecodeParams& p, const atten
     const int64_t row = int64_t(item.seq) * p.num_q_heads + int64_t(item.kv_head) * p.group + r;
     static_cast<T*>(p.out)[row * kHeadDim + d] = ptx::from_float<T>(o);
   } else {
-    p.partial_o[(int64_t(item.partial) * p.group + r) * kHeadDim + d] = o;
+    static_cast<T*>(p.partial_o)[(int64_t(item.partial) * p.group + r) * kHeadDim + d] = ptx::from_float<T>(o);
   }
 }
 
