@@ -11,26 +11,34 @@ namespace pagoda::cuda {
 namespace {
 
 constexpr int kWarps = 8;
-constexpr int kMaxDimsPerLane = 8;  // head_dim <= 256
-constexpr int kBatch = 4;           // partials whose loads a warp issues together
+constexpr int kBatch = 4;  // partials whose loads a warp issues together
 
-// A CTA of 8 warps merges 8 / warps_per_row output rows; every lane owns head_dim / 32 dims. A
-// row's partials are dealt round-robin to its warps, and a warp loads kBatch of its partials (o
-// and lse) at once and folds them with the online softmax, so a row costs a memory latency per
-// batch: one for the handful of partials prefix attention leaves per row (one warp, no barrier),
-// a few for a long split (a batch of one cuts each sequence into dozens of partials, spread over
-// up to 8 warps). A row whose partials are all empty (lse -inf) gets o = 0 and lse = -inf rather
-// than the NaN of exp(-inf - -inf).
-template <typename T>
-__global__ void __launch_bounds__(kWarps * 32, 4)  // 4 CTAs (32 warps) per SM: at most 64 registers
+// kDims consecutive elements of a row, moved by one vector load or store.
+template <typename T, int kDims>
+struct alignas(sizeof(T) * kDims) LaneDims {
+  T x[kDims];
+};
+
+// A CTA of 8 warps merges 8 / warps_per_row output rows; lane l owns dims [l kDims, (l + 1) kDims)
+// of a row (kDims = head_dim / 32), one vector load per partial. A row's partials are dealt
+// round-robin to its warps, and a warp loads kBatch of its partials (o and lse) at once and folds
+// them with the online softmax, so a row costs a memory latency per batch: one for the handful
+// of partials prefix attention leaves per row (one warp, no barrier), a few for a long split (a
+// batch of one cuts each sequence into dozens of partials, spread over up to 8 warps). A row
+// whose partials are all empty (lse -inf) gets o = 0 and lse = -inf rather than the NaN of
+// exp(-inf - -inf).
+// Occupancy is what hides the latencies: 48 warps per SM (40 registers) up to head_dim 128.
+template <typename T, int kDims>
+__global__ void __launch_bounds__(kWarps * 32, kDims <= 4 ? 6 : 4)
     merge_partial_states_kernel(const attention::MergeTask* __restrict__ merges, int64_t num_rows, int warps_per_row,
                                 int heads_per_task, int64_t head_slot_stride, int group, int num_q_heads,
-                                int head_dim, const T* __restrict__ partial_o,
-                                const float* __restrict__ partial_lse, T* __restrict__ out,
-                                float* __restrict__ lse) {
+                                const T* __restrict__ partial_o, const float* __restrict__ partial_lse,
+                                T* __restrict__ out, float* __restrict__ lse) {
+  constexpr int kHeadDim = 32 * kDims;
+  using Dims = LaneDims<T, kDims>;
   __shared__ float warp_max[kWarps];
   __shared__ float warp_sum[kWarps];
-  extern __shared__ float warp_acc[];  // [kWarps][head_dim] when warps_per_row > 1
+  __shared__ float warp_acc[kWarps][kHeadDim];  // when warps_per_row > 1
   const int warp = threadIdx.x / 32;
   const int lane = threadIdx.x % 32;
   const int part = warp % warps_per_row;  // the row's partials part, part + warps_per_row, ...
@@ -50,20 +58,16 @@ __global__ void __launch_bounds__(kWarps * 32, 4)  // 4 CTAs (32 warps) per SM: 
   const int64_t last = row_index < num_rows ? task.partial_begin + head * head_slot_stride + task.num_partials : 0;
 
   float max_lse = -INFINITY, weight_sum = 0.f;
-  float acc[kMaxDimsPerLane] = {};
+  float acc[kDims] = {};
   for (int64_t batch = first; batch < last; batch += kBatch * warps_per_row) {
     // Lane j < kBatch holds the lse of the batch's partial j; every lane its dims of each o.
     const int64_t own = batch + int64_t(lane) * warps_per_row;
     const float lane_lse = lane < kBatch && own < last ? partial_lse[own * group + r] : -INFINITY;
-    float o[kBatch][kMaxDimsPerLane];
+    Dims o[kBatch];
 #pragma unroll
     for (int j = 0; j < kBatch; ++j) {
       const int64_t s = batch + int64_t(j) * warps_per_row;
-#pragma unroll
-      for (int i = 0; i < kMaxDimsPerLane; ++i) {
-        const int d = lane + 32 * i;
-        o[j][i] = s < last && d < head_dim ? ptx::to_float(partial_o[(s * group + r) * head_dim + d]) : 0.f;
-      }
+      if (s < last) o[j] = reinterpret_cast<const Dims*>(partial_o + (s * group + r) * kHeadDim)[lane];
     }
     float batch_max = lane_lse;
     for (int offset = kBatch / 2; offset > 0; offset /= 2) {
@@ -75,21 +79,20 @@ __global__ void __launch_bounds__(kWarps * 32, 4)  // 4 CTAs (32 warps) per SM: 
     const float scale = __expf(max_lse - new_max);  // 0 while max_lse is -inf
     weight_sum *= scale;
 #pragma unroll
-    for (int i = 0; i < kMaxDimsPerLane; ++i) acc[i] *= scale;
+    for (int i = 0; i < kDims; ++i) acc[i] *= scale;
 #pragma unroll
     for (int j = 0; j < kBatch; ++j) {
-      const float weight = __expf(__shfl_sync(0xffffffffu, lane_lse, j) - new_max);  // 0 past the last
+      const float weight = __expf(__shfl_sync(0xffffffffu, lane_lse, j) - new_max);
+      if (batch + int64_t(j) * warps_per_row >= last) continue;  // no partial j (weight 0)
       weight_sum += weight;
 #pragma unroll
-      for (int i = 0; i < kMaxDimsPerLane; ++i) acc[i] += weight * o[j][i];
+      for (int i = 0; i < kDims; ++i) acc[i] += weight * ptx::to_float(o[j].x[i]);
     }
     max_lse = new_max;
   }
   if (shared_row) {  // fold the row's warps into its first
 #pragma unroll
-    for (int i = 0; i < kMaxDimsPerLane; ++i) {
-      if (lane + 32 * i < head_dim) warp_acc[warp * head_dim + lane + 32 * i] = acc[i];
-    }
+    for (int i = 0; i < kDims; ++i) warp_acc[warp][lane * kDims + i] = acc[i];
     if (lane == 0) {
       warp_max[warp] = max_lse;
       warp_sum[warp] = weight_sum;
@@ -100,25 +103,22 @@ __global__ void __launch_bounds__(kWarps * 32, 4)  // 4 CTAs (32 warps) per SM: 
     for (int w = warp; w < warp + warps_per_row; ++w) max_lse = fmaxf(max_lse, warp_max[w]);
     weight_sum = 0.f;
 #pragma unroll
-    for (int i = 0; i < kMaxDimsPerLane; ++i) acc[i] = 0.f;
+    for (int i = 0; i < kDims; ++i) acc[i] = 0.f;
     if (max_lse != -INFINITY) {
       for (int w = warp; w < warp + warps_per_row; ++w) {
         const float weight = __expf(warp_max[w] - max_lse);  // 0 for a warp with only empty partials
         weight_sum += warp_sum[w] * weight;
 #pragma unroll
-        for (int i = 0; i < kMaxDimsPerLane; ++i) {
-          if (lane + 32 * i < head_dim) acc[i] += warp_acc[w * head_dim + lane + 32 * i] * weight;
-        }
+        for (int i = 0; i < kDims; ++i) acc[i] += warp_acc[w][lane * kDims + i] * weight;
       }
     }
   }
   const bool empty = max_lse == -INFINITY;
   const float inv = empty ? 0.f : 1.f / weight_sum;
+  Dims result;
 #pragma unroll
-  for (int i = 0; i < kMaxDimsPerLane; ++i) {
-    const int d = lane + 32 * i;
-    if (d < head_dim) out[row * head_dim + d] = ptx::from_float<T>(acc[i] * inv);
-  }
+  for (int i = 0; i < kDims; ++i) result.x[i] = ptx::from_float<T>(acc[i] * inv);
+  reinterpret_cast<Dims*>(out + row * kHeadDim)[lane] = result;
   if (lse && lane == 0) lse[row] = empty ? -INFINITY : max_lse + logf(weight_sum);
 }
 
@@ -130,8 +130,9 @@ void merge_partial_states(const attention::MergeTask* merges, int num_merges, in
                           const float* partial_lse, DType out_dtype, void* out, float* lse,
                           cudaStream_t stream) {
   if (num_merges == 0) return;
-  if (head_dim > 32 * kMaxDimsPerLane || (out_dtype != DType::kF16 && out_dtype != DType::kBF16)) {
-    check_cuda(cudaErrorInvalidValue, "merge_partial_states (head_dim > 256, or out not f16 or bf16)");
+  if ((head_dim != 64 && head_dim != 128 && head_dim != 256) ||
+      (out_dtype != DType::kF16 && out_dtype != DType::kBF16)) {
+    check_cuda(cudaErrorInvalidValue, "merge_partial_states (head_dim not 64, 128 or 256, or out not f16 or bf16)");
   }
   // Programmatic dependent launch: the merge's launch and CTA start-up overlap the tail of the
   // kernel that wrote the partials (which calls launch_dependents); its CTAs then wait for that
@@ -147,22 +148,24 @@ void merge_partial_states(const attention::MergeTask* merges, int num_merges, in
   const int rows_per_cta = kWarps / warps_per_row;
   config.gridDim = dim3(unsigned((num_rows + rows_per_cta - 1) / rows_per_cta));
   config.blockDim = dim3(kWarps * 32);
-  config.dynamicSmemBytes = warps_per_row > 1 ? size_t(kWarps) * size_t(head_dim) * sizeof(float) : 0;
   config.stream = stream;
   config.attrs = &attribute;
   config.numAttrs = 1;
+  auto launch = [&]<typename T, int kDims>() {
+    check_cuda(cudaLaunchKernelEx(&config, merge_partial_states_kernel<T, kDims>, merges, num_rows, warps_per_row,
+                                  heads_per_task, head_slot_stride, group, num_q_heads,
+                                  static_cast<const T*>(partial_o), partial_lse, static_cast<T*>(out), lse),
+               "merge_partial_states launch");
+  };
+  auto launch_dims = [&]<typename T>() {
+    if (head_dim == 64) launch.template operator()<T, 2>();
+    if (head_dim == 128) launch.template operator()<T, 4>();
+    if (head_dim == 256) launch.template operator()<T, 8>();
+  };
   if (out_dtype == DType::kF16) {
-    check_cuda(cudaLaunchKernelEx(&config, merge_partial_states_kernel<__half>, merges, num_rows, warps_per_row, heads_per_task,
-                                  head_slot_stride, group, num_q_heads,
-                                  head_dim, static_cast<const __half*>(partial_o), partial_lse,
-                                  static_cast<__half*>(out), lse),
-               "merge_partial_states launch");
+    launch_dims.template operator()<__half>();
   } else {
-    check_cuda(cudaLaunchKernelEx(&config, merge_partial_states_kernel<__nv_bfloat16>, merges, num_rows, warps_per_row, heads_per_task,
-                                  head_slot_stride, group, num_q_heads,
-                                  head_dim, static_cast<const __nv_bfloat16*>(partial_o), partial_lse,
-                                  static_cast<__nv_bfloat16*>(out), lse),
-               "merge_partial_states launch");
+    launch_dims.template operator()<__nv_bfloat16>();
   }
 }
 
