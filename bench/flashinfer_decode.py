@@ -174,18 +174,23 @@ def median(xs: list[float]) -> float:
     return s[n // 2] if n % 2 else 0.5 * (s[n // 2 - 1] + s[n // 2])
 
 
+def setup_jit_environment(jit_cache: str | None) -> None:
+    """Where FlashInfer keeps its just-in-time builds, and the ninja it runs to make them."""
+    if jit_cache:
+        os.environ["FLASHINFER_WORKSPACE_BASE"] = os.path.abspath(jit_cache)
+    # FlashInfer runs `ninja` from PATH; the ninja wheel installs it next to this python.
+    bindir = os.path.dirname(os.path.abspath(sys.executable))
+    if os.path.exists(os.path.join(bindir, "ninja")) and bindir not in os.environ.get("PATH", "").split(os.pathsep):
+        os.environ["PATH"] = bindir + os.pathsep + os.environ.get("PATH", "")
+
+
 def blocks_per_sequence(context: int, block_size: int) -> int:
     return (context + block_size - 1) // block_size
 
 
 def main(argv=None) -> int:
     args = parse_args(argv)
-    if args.jit_cache:
-        os.environ["FLASHINFER_WORKSPACE_BASE"] = os.path.abspath(args.jit_cache)
-    # FlashInfer runs `ninja` from PATH; the ninja wheel installs it next to this python.
-    bindir = os.path.dirname(os.path.abspath(sys.executable))
-    if os.path.exists(os.path.join(bindir, "ninja")) and bindir not in os.environ.get("PATH", "").split(os.pathsep):
-        os.environ["PATH"] = bindir + os.pathsep + os.environ.get("PATH", "")
+    setup_jit_environment(args.jit_cache)
 
     base = {
         "benchmark": "attention",

@@ -221,12 +221,7 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 def main(argv=None) -> int:
     args = parse_args(argv)
-    if args.jit_cache:
-        os.environ["FLASHINFER_WORKSPACE_BASE"] = os.path.abspath(args.jit_cache)
-    # FlashInfer runs `ninja` from PATH; the ninja wheel installs it next to this python.
-    bindir = os.path.dirname(os.path.abspath(sys.executable))
-    if os.path.exists(os.path.join(bindir, "ninja")) and bindir not in os.environ.get("PATH", "").split(os.pathsep):
-        os.environ["PATH"] = bindir + os.pathsep + os.environ.get("PATH", "")
+    fd.setup_jit_environment(args.jit_cache)
 
     base = {
         "benchmark": "flashinfer_prefix", "peer": "flashinfer", "command": fd.command_line(),

@@ -1,6 +1,7 @@
-// Shared by the GPU attention tests (decode_attention_test.cpp, prefix_attention_test.cpp): one
-// decode step's inputs on the host and the device, the exact reference, and the comparison with
-// its tolerances (the derivation is in decode_attention_test.cpp's header).
+// Shared by the GPU attention tests: the output tolerances (derived in decode_attention_test.cpp's
+// header), dtype conversions and the test shape, Config (prefill_attention_test.cpp too); and for
+// the decode and prefix tests one decode step's inputs on the host and the device, the exact
+// reference, and the comparison.
 #pragma once
 
 #include <gtest/gtest.h>
@@ -57,6 +58,11 @@ struct Config {
     return {.num_q_heads = group * num_kv_heads, .num_kv_heads = num_kv_heads,
             .head_dim = head_dim, .block_size = block_size,
             .softmax_scale = 1.f / std::sqrt(float(head_dim))};
+  }
+  std::string name() const {
+    return std::string(dtype_name(dtype)) + " head_dim " + std::to_string(head_dim) + " block " +
+           std::to_string(block_size) + " group " + std::to_string(group) +
+           (layout == KvLayout::kHnd ? " HND" : " NHD");
   }
 };
 

@@ -29,6 +29,7 @@
 #include <vector>
 
 #include "../attention/reference.h"
+#include "attention_inputs.h"
 #include "pagoda/attention/prefill_cpu.h"
 #include "pagoda/backend/cuda/check.h"
 #include "pagoda/backend/cuda/device_array.h"
@@ -42,37 +43,12 @@ namespace {
 namespace ref = ::pagoda::attention::testing;
 using attention::AttentionShape;
 
-constexpr double kOutToleranceF16 = 2e-3;
-constexpr double kOutToleranceBf16 = 1e-2;
+using testing::Config;
+using testing::from_bits;
+using testing::out_tolerance;
+using testing::to_bits;
+
 constexpr int32_t kGapRows = 2;  // rows before, between and after the chunks that no chunk owns
-
-double out_tolerance(DType dtype) { return dtype == DType::kF16 ? kOutToleranceF16 : kOutToleranceBf16; }
-
-uint16_t to_bits(DType dtype, float x) { return dtype == DType::kF16 ? f32_to_f16(x) : f32_to_bf16(x); }
-
-float from_bits(DType dtype, uint16_t bits) {
-  return dtype == DType::kF16 ? f16_to_f32(bits) : bf16_to_f32(bits);
-}
-
-struct Config {
-  DType dtype = DType::kF16;
-  int32_t head_dim = 128;
-  int32_t block_size = 16;
-  int32_t group = 1;  // q heads per kv head
-  int32_t num_kv_heads = 2;
-  KvLayout layout = KvLayout::kHnd;
-
-  AttentionShape shape() const {
-    return {.num_q_heads = group * num_kv_heads, .num_kv_heads = num_kv_heads,
-            .head_dim = head_dim, .block_size = block_size,
-            .softmax_scale = 1.f / std::sqrt(float(head_dim))};
-  }
-  std::string name() const {
-    return std::string(dtype_name(dtype)) + " head_dim " + std::to_string(head_dim) + " block " +
-           std::to_string(block_size) + " group " + std::to_string(group) +
-           (layout == KvLayout::kHnd ? " HND" : " NHD");
-  }
-};
 
 struct ChunkSpec {
   int32_t start_pos;

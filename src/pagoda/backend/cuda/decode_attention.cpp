@@ -1,7 +1,6 @@
 #include "pagoda/backend/cuda/decode_attention.h"
 
 #include <algorithm>
-#include <bit>
 #include <cmath>
 #include <numbers>
 
@@ -93,12 +92,7 @@ void decode_attention(DecodeWorkspace& workspace, const attention::AttentionShap
   const DecodeParams params{
       .items = workspace.items.data(),
       .block_ids = workspace.block_ids.data(),
-      .k = kv.k,
-      .v = kv.v,
-      .page_stride = kv.page_stride,
-      .head_stride = kv.head_stride,
-      .token_stride = kv.token_stride,
-      .block_size_log2 = std::countr_zero(uint32_t(shape.block_size)),
+      .pool = kv_pool_params(kv, shape.block_size),
       .blocks_contiguous = kv.token_stride == shape.head_dim,
       .q = q,
       .out = out,

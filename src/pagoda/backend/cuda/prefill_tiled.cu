@@ -1,5 +1,4 @@
 // The prefill kernel's instantiations, {f16, bf16} x head_dim {64, 128}, and its launch.
-#include <bit>
 #include <cstdint>
 #include <numbers>
 
@@ -27,12 +26,7 @@ void launch_prefill_tiled(const PrefillWorkspace& ws, const attention::Attention
   const PrefillParams params{
       .tiles = ws.tiles.data(),
       .block_ids = ws.block_ids.data(),
-      .k = kv.k,
-      .v = kv.v,
-      .page_stride = kv.page_stride,
-      .head_stride = kv.head_stride,
-      .token_stride = kv.token_stride,
-      .block_size_log2 = std::countr_zero(uint32_t(shape.block_size)),
+      .pool = kv_pool_params(kv, shape.block_size),
       .q = q,
       .out = out,
       .num_q_heads = shape.num_q_heads,

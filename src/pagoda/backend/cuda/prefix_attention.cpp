@@ -3,7 +3,6 @@
 #include <fmt/format.h>
 
 #include <algorithm>
-#include <bit>
 #include <climits>
 #include <numbers>
 
@@ -152,12 +151,7 @@ void prefix_attention(PrefixWorkspace& workspace, const attention::AttentionShap
         .units = workspace.units.data(),
         .unit_queries = workspace.unit_queries.data(),
         .block_ids = workspace.block_ids.data(),
-        .k = kv.k,
-        .v = kv.v,
-        .page_stride = kv.page_stride,
-        .head_stride = kv.head_stride,
-        .token_stride = kv.token_stride,
-        .block_size_log2 = std::countr_zero(uint32_t(shape.block_size)),
+        .pool = kv_pool_params(kv, shape.block_size),
         .q = q,
         .out = out,
         .lse = lse,

@@ -66,11 +66,11 @@ __global__ void __launch_bounds__(DecodePaperBaselineConfig::kThreads)
   const int half = lane & 1;   // which half of the K row's chunks
   const int token_in_pass = lane >> 1;
   const int num_tokens = item.token_end - item.token_begin;
-  const int block_size = 1 << p.block_size_log2;
-  const int num_blocks = (num_tokens + block_size - 1) >> p.block_size_log2;
+  const int block_size = 1 << p.pool.block_size_log2;
+  const int num_blocks = (num_tokens + block_size - 1) >> p.pool.block_size_log2;
   const int32_t* blocks = p.block_ids + item.block_begin;
-  const T* k_head = static_cast<const T*>(p.k) + item.kv_head * p.head_stride;
-  const T* v_head = static_cast<const T*>(p.v) + item.kv_head * p.head_stride;
+  const T* k_head = static_cast<const T*>(p.pool.k) + item.kv_head * p.pool.head_stride;
+  const T* v_head = static_cast<const T*>(p.pool.v) + item.kv_head * p.pool.head_stride;
   const bool hint = p.evict_first;
   const uint64_t policy = hint ? ptx::evict_first_policy() : 0;
 
@@ -84,15 +84,15 @@ __global__ void __launch_bounds__(DecodePaperBaselineConfig::kThreads)
   float acc[kDimsPerLane] = {};
 
   for (int b = warp; b < num_blocks; b += C::kWarps) {
-    const int64_t page = int64_t(blocks[b]) * p.page_stride;
+    const int64_t page = int64_t(blocks[b]) * p.pool.page_stride;
     const int ahead = b + C::kWarps * p.prefetch_distance;
     if (p.l2_prefetch && ahead < num_blocks) {  // Algorithm 1, lines 5-7
-      const int64_t ahead_page = int64_t(blocks[ahead]) * p.page_stride;
+      const int64_t ahead_page = int64_t(blocks[ahead]) * p.pool.page_stride;
       if (p.blocks_contiguous) {
         if (lane < 2) ptx::prefetch_l2((lane ? v_head : k_head) + ahead_page, block_size * kHeadDim * 2);
       } else {
         for (int row = lane; row < 2 * block_size; row += 32) {
-          ptx::prefetch_l2((row & 1 ? v_head : k_head) + ahead_page + (row >> 1) * p.token_stride, kHeadDim * 2);
+          ptx::prefetch_l2((row & 1 ? v_head : k_head) + ahead_page + (row >> 1) * p.pool.token_stride, kHeadDim * 2);
         }
       }
     }
@@ -103,7 +103,7 @@ __global__ void __launch_bounds__(DecodePaperBaselineConfig::kThreads)
       const bool valid = token < num_tokens;
       float score = 0.f;
       if (valid) {
-        const T* k_row = k_head + page + (t0 + token_in_pass) * p.token_stride;
+        const T* k_row = k_head + page + (t0 + token_in_pass) * p.pool.token_stride;
 #pragma unroll
         for (int c = 0; c < kChunksPerLane; ++c) {
           const int chunk = 2 * c + half;  // the pair of lanes reads 32 contiguous bytes
@@ -136,7 +136,7 @@ __global__ void __launch_bounds__(DecodePaperBaselineConfig::kThreads)
       for (int j = 0; j < 16; ++j) {
         const float prob_j = __shfl_sync(0xffffffffu, prob, 2 * j);
         if (pass_begin + j < num_tokens) {
-          const T* v_row = v_head + page + (t0 + j) * p.token_stride + lane * kDimsPerLane;
+          const T* v_row = v_head + page + (t0 + j) * p.pool.token_stride + lane * kDimsPerLane;
           const KvWords<kDimsPerLane * 2> v = load_kv<kDimsPerLane * 2>(v_row, hint, policy);
 #pragma unroll
           for (int w = 0; w < kDimsPerLane / 2; ++w) {

@@ -6,18 +6,14 @@
 #include <cstdint>
 
 #include "pagoda/attention/plan.h"
+#include "pagoda/backend/cuda/kernels/kv_pool_params.h"
 
 namespace pagoda::cuda {
 
 struct DecodeParams {
   const attention::WorkItem* items;
   const int32_t* block_ids;  // DecodeBatch::block_ids; an item's blocks start at block_begin
-  const void* k;             // pools, elements of the kernel's T
-  const void* v;
-  int64_t page_stride;  // in elements (core/paged_kv.h)
-  int64_t head_stride;
-  int64_t token_stride;
-  int32_t block_size_log2;
+  KvPoolParams pool;  // the layer's K and V
   bool blocks_contiguous;  // HND: one block of one head is one run of block_size * head_dim
   const void* q;           // [num_seqs, num_q_heads, head_dim] T
   void* out;               // [num_seqs, num_q_heads, head_dim] T

@@ -66,10 +66,10 @@ __global__ void __launch_bounds__(DecodeTiledConfig<kHeadDim>::kThreads)
   const int t = lane % 4;  // mma fragment column pair
   const int num_tokens = item.token_end - item.token_begin;
   const int num_tiles = (num_tokens + C::kTileTokens - 1) / C::kTileTokens;
-  const int block_mask = (1 << p.block_size_log2) - 1;
+  const int block_mask = (1 << p.pool.block_size_log2) - 1;
   const int32_t* blocks = p.block_ids + item.block_begin;  // holds token_begin at slot 0
-  const T* k_head = static_cast<const T*>(p.k) + item.kv_head * p.head_stride;
-  const T* v_head = static_cast<const T*>(p.v) + item.kv_head * p.head_stride;
+  const T* k_head = static_cast<const T*>(p.pool.k) + item.kv_head * p.pool.head_stride;
+  const T* v_head = static_cast<const T*>(p.pool.v) + item.kv_head * p.pool.head_stride;
   const uint32_t smem_base = ptx::smem_address(smem);
 
   // Q as the B operand (d x rows, column-major = Q row-major): lane holds row g, dims 2t, 2t+1
@@ -96,7 +96,7 @@ __global__ void __launch_bounds__(DecodeTiledConfig<kHeadDim>::kThreads)
 #pragma unroll
     for (int k = 0; k < kRowsPerThread; ++k) {
       const int token = tile * C::kTileTokens + first_row + k * kRowsPerPass;  // from token_begin
-      ids[k] = token < num_tokens ? blocks[token >> p.block_size_log2] : -1;
+      ids[k] = token < num_tokens ? blocks[token >> p.pool.block_size_log2] : -1;
     }
   };
   auto load_tile = [&](int tile, int stage, const int32_t (&ids)[kRowsPerThread]) {
@@ -109,7 +109,7 @@ __global__ void __launch_bounds__(DecodeTiledConfig<kHeadDim>::kThreads)
       const int token = tile * C::kTileTokens + row;
       const bool valid = ids[k] >= 0;
       const int64_t offset =
-          valid ? int64_t(ids[k]) * p.page_stride + (token & block_mask) * p.token_stride + chunk * 8 : 0;
+          valid ? int64_t(ids[k]) * p.pool.page_stride + (token & block_mask) * p.pool.token_stride + chunk * 8 : 0;
       const uint32_t dst = row * C::kRowBytes + ((chunk ^ (row & 7)) << 4);
       const uint32_t bytes = valid ? 16 : 0;  // zero-fill: P = 0 there, and 0 * V must not be NaN
       if (p.evict_first) {
@@ -129,12 +129,12 @@ __global__ void __launch_bounds__(DecodeTiledConfig<kHeadDim>::kThreads)
   const bool prefetch = p.l2_prefetch && p.blocks_contiguous;
   auto read_prefetch_block = [&](int tile) -> int32_t {
     const int token = tile * C::kTileTokens + warp * 16;
-    return token < num_tokens ? blocks[token >> p.block_size_log2] : -1;
+    return token < num_tokens ? blocks[token >> p.pool.block_size_log2] : -1;
   };
   auto prefetch_tile = [&](int tile, int32_t id) {
     if (id < 0) return;
     const int token = tile * C::kTileTokens + warp * 16;
-    const int64_t offset = int64_t(id) * p.page_stride + (token & block_mask) * p.token_stride;
+    const int64_t offset = int64_t(id) * p.pool.page_stride + (token & block_mask) * p.pool.token_stride;
     ptx::prefetch_l2(k_head + offset, 16 * C::kRowBytes);
     ptx::prefetch_l2(v_head + offset, 16 * C::kRowBytes);
   };

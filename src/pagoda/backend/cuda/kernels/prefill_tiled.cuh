@@ -21,6 +21,8 @@
 #include <cmath>
 #include <cstdint>
 
+#include "pagoda/backend/cuda/kernels/kv_pool_params.h"
+#include "pagoda/backend/cuda/kernels/online_softmax.cuh"
 #include "pagoda/backend/cuda/kernels/ptx.cuh"
 #include "pagoda/backend/cuda/prefill_attention.h"
 
@@ -30,12 +32,7 @@ namespace pagoda::cuda {
 struct PrefillParams {
   const PrefillTile* tiles;
   const int32_t* block_ids;  // PrefillWorkspace::block_ids; a tile's blocks start at block_begin
-  const void* k;             // pools, elements of the kernel's T
-  const void* v;
-  int64_t page_stride;  // in elements (core/paged_kv.h)
-  int64_t head_stride;
-  int64_t token_stride;
-  int32_t block_size_log2;
+  KvPoolParams pool;  // the layer's K and V
   const void* q;  // [num_rows, num_q_heads, head_dim] T
   void* out;      // [num_rows, num_q_heads, head_dim] T
   int32_t num_q_heads;
@@ -80,10 +77,10 @@ __global__ void __launch_bounds__(PrefillTiledConfig<kHeadDim>::kThreads)
   const int t = lane % 4;  // mma fragment column pair
   const int num_keys = tile.first_pos + tile.num_tokens;
   const int num_key_tiles = (num_keys + C::kKeysPerTile - 1) / C::kKeysPerTile;
-  const int block_mask = (1 << p.block_size_log2) - 1;
+  const int block_mask = (1 << p.pool.block_size_log2) - 1;
   const int32_t* blocks = p.block_ids + tile.block_begin;
-  const T* k_head = static_cast<const T*>(p.k) + kv_head * p.head_stride;
-  const T* v_head = static_cast<const T*>(p.v) + kv_head * p.head_stride;
+  const T* k_head = static_cast<const T*>(p.pool.k) + kv_head * p.pool.head_stride;
+  const T* v_head = static_cast<const T*>(p.pool.v) + kv_head * p.pool.head_stride;
   const uint32_t smem_base = ptx::smem_address(smem);
 
   // The lane's two rows (fragment rows g and g + 8 of the warp's 16). A padding row takes the
@@ -128,7 +125,7 @@ __global__ void __launch_bounds__(PrefillTiledConfig<kHeadDim>::kThreads)
 #pragma unroll
     for (int r = 0; r < kRowsPerThread; ++r) {
       const int key = key_tile * C::kKeysPerTile + first_row + r * kRowsPerPass;
-      ids[r] = key < num_keys ? blocks[key >> p.block_size_log2] : -1;
+      ids[r] = key < num_keys ? blocks[key >> p.pool.block_size_log2] : -1;
     }
   };
   auto load_tile = [&](int key_tile, int stage, const int32_t (&ids)[kRowsPerThread]) {
@@ -140,7 +137,7 @@ __global__ void __launch_bounds__(PrefillTiledConfig<kHeadDim>::kThreads)
       const int key = key_tile * C::kKeysPerTile + row;
       const bool valid = ids[r] >= 0;
       const int64_t offset =
-          valid ? int64_t(ids[r]) * p.page_stride + (key & block_mask) * p.token_stride + chunk * 8 : 0;
+          valid ? int64_t(ids[r]) * p.pool.page_stride + (key & block_mask) * p.pool.token_stride + chunk * 8 : 0;
       const uint32_t dst = row * C::kRowBytes + ((chunk ^ (row & 7)) << 4);
       const uint32_t bytes = valid ? 16 : 0;  // zero-fill: P = 0 there, and 0 * V must not be NaN
       ptx::cp_async_16(k_dst + dst, k_head + offset, bytes);
@@ -176,41 +173,14 @@ __global__ void __launch_bounds__(PrefillTiledConfig<kHeadDim>::kThreads)
 
     const bool needs_mask = first_key + C::kKeysPerTile - 1 > warp_first_pos;
 #pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      float tile_max = -INFINITY;
+    for (int n = 0; n < kKeyTiles; ++n) {
 #pragma unroll
-      for (int n = 0; n < kKeyTiles; ++n) {
-#pragma unroll
-        for (int e = 0; e < 2; ++e) {
-          float& x = s[n][2 * h + e];
-          const int key = first_key + 8 * n + 2 * t + e;
-          x = needs_mask && key > row_pos[h] ? -INFINITY : x * p.scale_log2;
-          tile_max = fmaxf(tile_max, x);
-        }
-      }
-      // Over the row's 64 keys: the 4 lanes sharing g.
-      tile_max = fmaxf(tile_max, __shfl_xor_sync(0xffffffffu, tile_max, 1));
-      tile_max = fmaxf(tile_max, __shfl_xor_sync(0xffffffffu, tile_max, 2));
-      const float new_max = fmaxf(row_max[h], tile_max);  // finite: key 0 came first
-      const float correction = exp2f(row_max[h] - new_max);  // 0 on the first tile
-      row_max[h] = new_max;
-      float sum = 0.f;
-#pragma unroll
-      for (int n = 0; n < kKeyTiles; ++n) {
-#pragma unroll
-        for (int e = 0; e < 2; ++e) {
-          float& x = s[n][2 * h + e];
-          x = exp2f(x - new_max);
-          sum += x;
-        }
-      }
-      row_sum[h] = row_sum[h] * correction + sum;
-#pragma unroll
-      for (int n = 0; n < kDimTiles; ++n) {
-        o_acc[n][2 * h] *= correction;
-        o_acc[n][2 * h + 1] *= correction;
+      for (int j = 0; j < 4; ++j) {  // (row g, keys 8n + 2t, +1), then row g + 8
+        const int key = first_key + 8 * n + 2 * t + (j & 1);
+        s[n][j] = needs_mask && key > row_pos[j / 2] ? -INFINITY : s[n][j] * p.scale_log2;
       }
     }
+    online_softmax_step(s, row_max, row_sum, o_acc);  // key 0 of every row came first: finite
 
 #pragma unroll
     for (int kk = 0; kk < C::kKeysPerTile / 16; ++kk) {

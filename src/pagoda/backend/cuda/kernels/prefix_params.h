@@ -1,10 +1,12 @@
 // What prefix_tiled_kernel reads: a PrefixPlan's units over one layer's paged pools (item i is
-// unit i / num_kv_heads for kv head i % num_kv_heads), and where each item's states go. Plain data, filled on the host and taken by value by the kernel.
+// unit i / num_kv_heads for kv head i % num_kv_heads), and where each item's states go. Plain
+// data, filled on the host and taken by value by the kernel.
 #pragma once
 
 #include <cstdint>
 
 #include "pagoda/attention/prefix_plan.h"
+#include "pagoda/backend/cuda/kernels/kv_pool_params.h"
 
 namespace pagoda::cuda {
 
@@ -12,12 +14,7 @@ struct PrefixParams {
   const attention::PrefixUnit* units;  // launch order
   const attention::UnitQuery* unit_queries;
   const int32_t* block_ids;  // DecodeBatch::block_ids
-  const void* k;             // pools, elements of the kernel's T
-  const void* v;
-  int64_t page_stride;  // in elements (core/paged_kv.h)
-  int64_t head_stride;
-  int64_t token_stride;
-  int32_t block_size_log2;
+  KvPoolParams pool;  // the layer's K and V
   const void* q;       // [num_seqs, num_q_heads, head_dim] T
   void* out;           // [num_seqs, num_q_heads, head_dim] T
   float* lse;          // [num_seqs, num_q_heads] or null

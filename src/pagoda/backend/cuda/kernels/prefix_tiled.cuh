@@ -37,6 +37,7 @@
 #include <cmath>
 #include <cstdint>
 
+#include "pagoda/backend/cuda/kernels/online_softmax.cuh"
 #include "pagoda/backend/cuda/kernels/prefix_params.h"
 #include "pagoda/backend/cuda/kernels/ptx.cuh"
 
@@ -156,7 +157,7 @@ __global__ void __launch_bounds__(PrefixTiledConfig<kHeadDim>::kThreads, 1)
 
     // The look-ahead: describes tile `step` of the CTA into desc ring slot step % (kLookahead + 1).
     auto* desc_ring = reinterpret_cast<PrefixTileDesc*>(smem + C::kDescRingOffset);
-    const int blocks_per_tile = C::kTileTokens >> p.block_size_log2;
+    const int blocks_per_tile = C::kTileTokens >> p.pool.block_size_log2;
     int ahead_n = 0, ahead_tile = 0;
     Unit ahead = unit_of(0);
     auto look_ahead = [&](int step) {
@@ -174,7 +175,7 @@ __global__ void __launch_bounds__(PrefixTiledConfig<kHeadDim>::kThreads, 1)
       }
       if (ahead.kv_head < 0) return;
       const int block = ahead_tile * blocks_per_tile + lane;
-      if (lane < blocks_per_tile && block << p.block_size_log2 < ahead.num_tokens) {
+      if (lane < blocks_per_tile && block << p.pool.block_size_log2 < ahead.num_tokens) {
         ptx::cp_async_small<4>(ptx::smem_address(&d.ids[lane]), p.block_ids + ahead.block_begin + block);
       }
       if (ahead_tile == 0) {  // the item's (sequence, piece) list, for its Q rows and its outputs
@@ -201,9 +202,9 @@ __global__ void __launch_bounds__(PrefixTiledConfig<kHeadDim>::kThreads, 1)
     const int chunk = producer % C::kChunksPerRow;
     const int row0 = producer / C::kChunksPerRow;
     const uint32_t lane_offset = uint32_t(row0 * C::kRowBytes + ((chunk ^ (row0 & 7)) << 4));
-    const int block_mask = (1 << p.block_size_log2) - 1;
-    const T* const k_pool = static_cast<const T*>(p.k) + chunk * 8;
-    const int64_t v_minus_k = static_cast<const T*>(p.v) - static_cast<const T*>(p.k);
+    const int block_mask = (1 << p.pool.block_size_log2) - 1;
+    const T* const k_pool = static_cast<const T*>(p.pool.k) + chunk * 8;
+    const int64_t v_minus_k = static_cast<const T*>(p.pool.v) - static_cast<const T*>(p.pool.k);
     auto copy_tile = [&](int step) -> bool {
       ptx::cp_async_wait<C::kLookahead - 1>();  // the look-ahead's copies for this tile landed
       ptx::named_barrier(2, C::kProducerThreads);  // and its plain writes are visible
@@ -216,7 +217,7 @@ __global__ void __launch_bounds__(PrefixTiledConfig<kHeadDim>::kThreads, 1)
       if (step >= C::kStages) ptx::mbarrier_wait(empty_barrier(stage), (step / C::kStages - 1) & 1);
       const bool done = kv_head < 0;
       if (!done) {
-        const T* k_head = k_pool + kv_head * p.head_stride;
+        const T* k_head = k_pool + kv_head * p.pool.head_stride;
         const uint32_t k_dst = stage_base(stage) + lane_offset;
         const uint32_t v_dst = k_dst + C::kKvTileBytes;
         const int copy_rows = (tile_tokens + 31) & ~31;
@@ -225,8 +226,8 @@ __global__ void __launch_bounds__(PrefixTiledConfig<kHeadDim>::kThreads, 1)
           const int row = row0 + pass * kRowsPerPass;
           if (row >= copy_rows) break;
           const bool valid = row < tile_tokens;
-          const T* k_src = k_head + (valid ? int64_t(d.ids[row >> p.block_size_log2]) * p.page_stride +
-                                                 (row & block_mask) * int32_t(p.token_stride)
+          const T* k_src = k_head + (valid ? int64_t(d.ids[row >> p.pool.block_size_log2]) * p.pool.page_stride +
+                                                 (row & block_mask) * int32_t(p.pool.token_stride)
                                            : 0);
           if (kv_shared && valid && chunk % 8 == 0) {
             ptx::prefetch_l2_evict_last(k_src);
@@ -322,64 +323,33 @@ __global__ void __launch_bounds__(PrefixTiledConfig<kHeadDim>::kThreads, 1)
     const uint32_t k_src = stage_base(stage);
     const uint32_t v_src = k_src + C::kKvTileBytes;
     const int i = lane / 8;
-    float s[kChunks][2][4] = {};  // chunk c: (row g, tokens 8n + 2t, +1), (row g + 8, the same tokens)
+    float s[2 * kChunks][4] = {};  // n-tile j: (row g, tokens 8j + 2t, +1), (row g + 8, the same tokens)
 #pragma unroll
     for (int ks = 0; ks < kDimSteps; ++ks) {
 #pragma unroll
       for (int c = 0; c < kChunks; ++c) {
         uint32_t b[4];  // tokens [0, 8) then [8, 16) of chunk c, dims 16 ks + [0, 8) and + [8, 16)
         ptx::ldmatrix_x4(b, k_src + swizzled(first + 16 * c + (i >> 1) * 8 + (lane & 7), 2 * ks + (i & 1)));
-        ptx::mma_16x8x16<T>(s[c][0], q_frag[ks], b[0], b[1]);
-        ptx::mma_16x8x16<T>(s[c][1], q_frag[ks], b[2], b[3]);
+        ptx::mma_16x8x16<T>(s[2 * c], q_frag[ks], b[0], b[1]);
+        ptx::mma_16x8x16<T>(s[2 * c + 1], q_frag[ks], b[2], b[3]);
       }
     }
 #pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      float chunk_max = -INFINITY;
+    for (int j = 0; j < 2 * kChunks; ++j) {
 #pragma unroll
-      for (int c = 0; c < kChunks; ++c) {
-#pragma unroll
-        for (int n = 0; n < 2; ++n) {
-#pragma unroll
-          for (int e = 0; e < 2; ++e) {
-            float& x = s[c][n][2 * h + e];
-            x = token0 + first + 16 * c + 8 * n + 2 * t + e < num_tokens ? x * p.scale_log2 : -INFINITY;
-            chunk_max = fmaxf(chunk_max, x);
-          }
-        }
-      }
-      chunk_max = fmaxf(chunk_max, __shfl_xor_sync(0xffffffffu, chunk_max, 1));
-      chunk_max = fmaxf(chunk_max, __shfl_xor_sync(0xffffffffu, chunk_max, 2));
-      const float new_max = fmaxf(row_max[h], chunk_max);  // finite: the first chunk has a real token
-      const float correction = exp2f(row_max[h] - new_max);  // 0 on the warp's first chunk
-      row_max[h] = new_max;
-      float sum = 0.f;
-#pragma unroll
-      for (int c = 0; c < kChunks; ++c) {
-#pragma unroll
-        for (int n = 0; n < 2; ++n) {
-#pragma unroll
-          for (int e = 0; e < 2; ++e) {
-            float& x = s[c][n][2 * h + e];
-            x = exp2f(x - new_max);
-            sum += x;
-          }
-        }
-      }
-      row_sum[h] = row_sum[h] * correction + sum;
-#pragma unroll
-      for (int n = 0; n < kDimTiles; ++n) {
-        o_acc[n][2 * h] *= correction;
-        o_acc[n][2 * h + 1] *= correction;
+      for (int e = 0; e < 4; ++e) {
+        const bool real = token0 + first + 8 * j + 2 * t + (e & 1) < num_tokens;
+        s[j][e] = real ? s[j][e] * p.scale_log2 : -INFINITY;
       }
     }
-    uint32_t a[kChunks][4];
+    online_softmax_step(s, row_max, row_sum, o_acc);  // the first chunk has a real token: finite
+    uint32_t a[kChunks][4];  // P's A fragments: chunk c is S's n-tiles 2c and 2c + 1
 #pragma unroll
     for (int c = 0; c < kChunks; ++c) {
-      a[c][0] = ptx::pack2<T>(s[c][0][0], s[c][0][1]);
-      a[c][1] = ptx::pack2<T>(s[c][0][2], s[c][0][3]);
-      a[c][2] = ptx::pack2<T>(s[c][1][0], s[c][1][1]);
-      a[c][3] = ptx::pack2<T>(s[c][1][2], s[c][1][3]);
+      a[c][0] = ptx::pack2<T>(s[2 * c][0], s[2 * c][1]);
+      a[c][1] = ptx::pack2<T>(s[2 * c][2], s[2 * c][3]);
+      a[c][2] = ptx::pack2<T>(s[2 * c + 1][0], s[2 * c + 1][1]);
+      a[c][3] = ptx::pack2<T>(s[2 * c + 1][2], s[2 * c + 1][3]);
     }
 #pragma unroll
     for (int dn = 0; dn < kDimTiles / 2; ++dn) {
