@@ -9,6 +9,7 @@
 
 #include "pagoda/backend/cuda/check.h"
 #include "pagoda/backend/cuda/device_array.h"
+#include "pagoda/core/error.h"
 #include "pagoda/core/half.h"
 
 namespace pagoda::cuda {
@@ -91,6 +92,13 @@ TEST(GpuMergeStates, MatchesHostMerge) {
     const std::vector<float> out_lse = d_out_lse.download();
     expect_merged(out, out_lse);
   }
+  // A head_dim the merge has no instantiation for, or an fp32 output, is refused, not launched.
+  EXPECT_THROW(merge_partial_states(d_tasks.data(), int(tasks.size()), 1, 1, 0, group, num_q_heads, 96, d_o.data(),
+                                    d_lse.data(), DType::kF16, d_out.data(), nullptr, nullptr),
+               Error);
+  EXPECT_THROW(merge_partial_states(d_tasks.data(), int(tasks.size()), 1, 1, 0, group, num_q_heads, dim, d_o.data(),
+                                    d_lse.data(), DType::kF32, d_out.data(), nullptr, nullptr),
+               Error);
 }
 
 }  // namespace
