@@ -15,6 +15,7 @@
 #include <algorithm>
 #include <cmath>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "attention_inputs.h"
@@ -39,6 +40,7 @@ struct DeviceOutputs {
 };
 
 // Runs `plan` on the device over pool `kv` and q (device pointers); returns out (as float) and lse.
+// It runs twice on one workspace and expects the same bits the second time.
 DeviceOutputs run_prefix_gpu(const PrefixPlan& plan, const attention::DecodeBatch& batch,
                              const AttentionShape& shape, const PrefixTiles& tiles, const PagedKv& kv,
                              const void* q, bool with_lse = true) {
@@ -47,12 +49,16 @@ DeviceOutputs run_prefix_gpu(const PrefixPlan& plan, const attention::DecodeBatc
   const size_t rows = size_t(batch.num_seqs()) * size_t(shape.num_q_heads);
   DeviceArray<uint16_t> out(rows * size_t(shape.head_dim));
   DeviceArray<float> lse(rows);
-  check_cuda(cudaMemset(out.data(), 0xff, out.bytes()), "cudaMemset out");  // NaN in every dtype
-  check_cuda(cudaMemset(lse.data(), 0xff, lse.bytes()), "cudaMemset lse");
-  prefix_attention(workspace, shape, kv, q, out.data(), with_lse ? lse.data() : nullptr);
-  check_cuda(cudaDeviceSynchronize(), "prefix_attention");
+  std::vector<uint16_t> bits, first_bits;
+  for (int launch = 0; launch < 2; ++launch) {
+    check_cuda(cudaMemset(out.data(), 0xff, out.bytes()), "cudaMemset out");  // NaN in every dtype
+    check_cuda(cudaMemset(lse.data(), 0xff, lse.bytes()), "cudaMemset lse");
+    prefix_attention(workspace, shape, kv, q, out.data(), with_lse ? lse.data() : nullptr);
+    check_cuda(cudaDeviceSynchronize(), "prefix_attention");
+    first_bits = std::exchange(bits, out.download());
+  }
+  EXPECT_EQ(bits, first_bits) << "a second launch on the same workspace";
   DeviceOutputs r;
-  const std::vector<uint16_t> bits = out.download();
   r.out.resize(bits.size());
   for (size_t i = 0; i < bits.size(); ++i) r.out[i] = from_bits(kv.dtype, bits[i]);
   if (with_lse) r.lse = lse.download();
@@ -158,6 +164,57 @@ INSTANTIATE_TEST_SUITE_P(Batches, GpuPrefixListed, ::testing::ValuesIn(listed_ca
                            std::replace(name.begin(), name.end(), ',', 'x');
                            return name;
                          });
+
+// ---- The kernel's units (host only: runs without a GPU too).
+
+// Pairs: consecutive units of <= 32 tokens and <= 8 rows each, with blocks of <= 32 tokens; every
+// plan unit appears once, as a kernel unit or one half of a pair, with its queries in order.
+TEST(PrefixKernelUnits, PairsShortUnitsAndKeepsEveryUnit) {
+  struct Case {
+    const char* tree;
+    int32_t group, block_size, pairs;
+  };
+  // 1,6_256,20: the root and six 20-token leaves (three pairs at group <= 8, none at group 16 or
+  // with 64-token blocks); 1,5_256,48: leaves over 32 tokens; 1,2,10_64,64,30: five pairs.
+  for (const Case& c : {Case{"1,6_256,20", 4, 16, 3}, Case{"1,6_256,20", 8, 32, 3}, Case{"1,6_256,20", 16, 16, 0},
+                        Case{"1,6_256,20", 4, 64, 0}, Case{"1,5_256,48", 1, 16, 0}, Case{"1,2,10_64,64,30", 2, 16, 5}}) {
+    SCOPED_TRACE(std::string(c.tree) + " group " + std::to_string(c.group) + " block " + std::to_string(c.block_size));
+    const attention::PrefixTreeSpec spec = attention::parse_prefix_tree(c.tree);
+    const attention::DecodeBatch batch = attention::make_tree_batch(spec, c.block_size, 3);
+    const AttentionShape shape{.num_q_heads = 2 * c.group, .num_kv_heads = 2, .head_dim = 128, .block_size = c.block_size};
+    const PrefixPlan plan = attention::plan_prefix(batch, shape, {.num_workers = 132}, {.split = false, .m_tiles = {16, 32, 64}});
+    const KernelUnits k = kernel_units(plan, c.block_size);
+    EXPECT_EQ(k.units.size() + size_t(c.pairs), plan.units.size());
+    size_t next = 0;  // the plan unit each kernel unit must start with, in order
+    for (const KernelUnit& u : k.units) {
+      ASSERT_LT(next, plan.units.size());
+      const attention::PrefixUnit& first = plan.units[next++];
+      EXPECT_EQ(u.block_begin, first.block_begin);
+      EXPECT_EQ(u.num_tokens, first.num_tokens);
+      EXPECT_EQ(u.first_rows, first.num_queries * c.group);
+      std::vector<attention::UnitQuery> expected(plan.unit_queries.begin() + first.query_begin,
+                                                 plan.unit_queries.begin() + first.query_begin + first.num_queries);
+      if (u.second_tokens > 0) {
+        ASSERT_LT(next, plan.units.size());
+        const attention::PrefixUnit& second = plan.units[next++];
+        EXPECT_EQ(u.second_block_begin, second.block_begin);
+        EXPECT_EQ(u.second_tokens, second.num_tokens);
+        EXPECT_LE(first.num_tokens, 32);
+        EXPECT_LE(second.num_tokens, 32);
+        EXPECT_LE(second.num_queries * c.group, 8);
+        EXPECT_LE(u.first_rows, 8);
+        expected.insert(expected.end(), plan.unit_queries.begin() + second.query_begin,
+                        plan.unit_queries.begin() + second.query_begin + second.num_queries);
+      }
+      ASSERT_EQ(u.rows, int32_t(expected.size()) * c.group);
+      for (size_t j = 0; j < expected.size(); ++j) {
+        EXPECT_EQ(k.queries[size_t(u.query_begin) + j].seq, expected[j].seq);
+        EXPECT_EQ(k.queries[size_t(u.query_begin) + j].piece, expected[j].piece);
+      }
+    }
+    EXPECT_EQ(next, plan.units.size());
+  }
+}
 
 // ---- Random forests, small enough for the CPU executor over the whole batch.
 

@@ -112,12 +112,52 @@ static void check_plan(const attention::PrefixPlan& plan, const attention::Decod
   }
 }
 
+KernelUnits kernel_units(const attention::PrefixPlan& plan, int32_t block_size) {
+  constexpr int32_t kHalfTile = 32, kMaxPairRows = 8;
+  const auto pairable = [&](const attention::PrefixUnit& u) {
+    return block_size <= kHalfTile && u.num_tokens <= kHalfTile && u.num_queries * plan.group <= kMaxPairRows;
+  };
+  KernelUnits k;
+  k.units.reserve(plan.units.size());
+  k.queries.reserve(plan.unit_queries.size());
+  const auto append_queries = [&](const attention::PrefixUnit& u) {
+    k.queries.insert(k.queries.end(), plan.unit_queries.begin() + u.query_begin,
+                     plan.unit_queries.begin() + u.query_begin + u.num_queries);
+  };
+  bool open_pair = false;  // the last kernel unit is a pairable unit still alone
+  for (const attention::PrefixUnit& u : plan.units) {
+    const int32_t rows = u.num_queries * plan.group;
+    if (open_pair && pairable(u)) {
+      KernelUnit& first = k.units.back();
+      first.second_block_begin = u.block_begin;
+      first.second_tokens = u.num_tokens;
+      first.rows += rows;
+      first.kv_shared |= u.kv_shared;
+      append_queries(u);
+      open_pair = false;
+      continue;
+    }
+    k.units.push_back({.block_begin = u.block_begin,
+                       .num_tokens = u.num_tokens,
+                       .query_begin = int32_t(k.queries.size()),
+                       .rows = rows,
+                       .kv_shared = u.kv_shared,
+                       .second_block_begin = 0,
+                       .second_tokens = 0,
+                       .first_rows = rows});
+    append_queries(u);
+    open_pair = pairable(u);
+  }
+  return k;
+}
+
 void PrefixWorkspace::upload(const attention::PrefixPlan& plan, const attention::DecodeBatch& batch,
                              const attention::AttentionShape& shape, const PrefixTiles& tiles,
                              cudaStream_t stream) {
   check_plan(plan, batch, shape, tiles);
-  units.upload(plan.units, stream);
-  unit_queries.upload(plan.unit_queries, stream);
+  const KernelUnits kernel = kernel_units(plan, shape.block_size);
+  units.upload(kernel.units, stream);
+  unit_queries.upload(kernel.queries, stream);
   merges.upload(plan.merges, stream);
   max_partials = attention::max_partials(plan.merges);
   block_ids.upload(batch.block_ids, stream);

@@ -7,10 +7,11 @@
 
 namespace pagoda::cuda {
 
-// s: kTiles n-tiles of 8 scores, already scaled to the exp2 domain and -inf where masked; each
-// row needs one finite score in this step or before it. Replaces s with P = exp2(s - new max),
-// adds P's row sums to row_sum (this lane's columns only), and rescales row_sum and O by the
-// change of the row maximum (0 on a row's first step, whose max starts at -inf).
+// s: kTiles n-tiles of 8 scores, already scaled to the exp2 domain and -inf where masked.
+// Replaces s with P = exp2(s - new max), adds P's row sums to row_sum (this lane's columns only),
+// and rescales row_sum and O by the change of the row maximum (0 on a row's first step, whose max
+// starts at -inf). A row with no finite score yet keeps the empty state (max -inf, sum 0, O 0):
+// its exponents are taken against 0 instead of -inf, which would make them NaN.
 template <int kTiles, int kDimTiles>
 __device__ __forceinline__ void online_softmax_step(float (&s)[kTiles][4], float (&row_max)[2], float (&row_sum)[2],
                                                     float (&o_acc)[kDimTiles][4]) {
@@ -23,7 +24,8 @@ __device__ __forceinline__ void online_softmax_step(float (&s)[kTiles][4], float
     step_max = fmaxf(step_max, __shfl_xor_sync(0xffffffffu, step_max, 1));
     step_max = fmaxf(step_max, __shfl_xor_sync(0xffffffffu, step_max, 2));
     const float new_max = fmaxf(row_max[h], step_max);
-    const float correction = exp2f(row_max[h] - new_max);
+    const float base = new_max == -INFINITY ? 0.f : new_max;
+    const float correction = exp2f(row_max[h] - base);
     row_max[h] = new_max;
     float sum = 0.f;
 #pragma unroll
@@ -31,7 +33,7 @@ __device__ __forceinline__ void online_softmax_step(float (&s)[kTiles][4], float
 #pragma unroll
       for (int e = 0; e < 2; ++e) {
         float& x = s[n][2 * h + e];
-        x = exp2f(x - new_max);
+        x = exp2f(x - base);
         sum += x;
       }
     }

@@ -1,6 +1,7 @@
-// What prefix_tiled_kernel reads: a PrefixPlan's units over one layer's paged pools (item i is
-// unit i / num_kv_heads for kv head i % num_kv_heads), and where each item's states go. Plain
-// data, filled on the host and taken by value by the kernel.
+// What prefix_tiled_kernel reads: a PrefixPlan's units as kernel units (prefix_attention.h's
+// kernel_units) over one layer's paged pools (item i is kernel unit i / num_kv_heads for kv head
+// i % num_kv_heads), and where each item's states go. Plain data, filled on the host and taken by
+// value by the kernel.
 #pragma once
 
 #include <cstdint>
@@ -10,8 +11,22 @@
 
 namespace pagoda::cuda {
 
+// A plan unit as the kernel runs it, or two short ones sharing one 64-token KV tile (a pair): the
+// first's tokens at tile rows [0, 32), the second's from row 32, and their query rows one after
+// the other (the first's are rows [0, first_rows)).
+struct KernelUnit {
+  int32_t block_begin;  // DecodeBatch::block_ids index of the (first) unit's first block
+  int32_t num_tokens;   // of the (first) unit
+  int32_t query_begin;  // in the kernel's query list: the first unit's queries, then the second's
+  int32_t rows;         // query rows of both
+  int32_t kv_shared;
+  int32_t second_block_begin;
+  int32_t second_tokens;  // 0: one unit
+  int32_t first_rows;
+};
+
 struct PrefixParams {
-  const attention::PrefixUnit* units;  // launch order
+  const KernelUnit* units;  // launch order
   const attention::UnitQuery* unit_queries;
   const int32_t* block_ids;  // DecodeBatch::block_ids
   KvPoolParams pool;  // the layer's K and V
@@ -20,7 +35,7 @@ struct PrefixParams {
   float* lse;          // [num_seqs, num_q_heads] or null
   void* partial_o;     // [num_kv_heads * num_pieces, group, head_dim] T
   float* partial_lse;  // [num_kv_heads * num_pieces, group]
-  int32_t num_items;  // units x kv heads
+  int32_t num_items;  // kernel units x kv heads
   int32_t num_q_heads;
   int32_t num_kv_heads;
   int32_t group;

@@ -45,7 +45,7 @@ namespace pagoda::cuda {
 
 // What the producer knows of one tile: written by its look-ahead, read by its copy step and (as
 // the stage's copy) by the consumers.
-struct PrefixTileDesc {
+struct alignas(8) PrefixTileDesc {  // 8: the mbarriers after the descriptor arrays
   int32_t ids[4];     // block ids of the tile's tokens (64 / block_size of them), by cp.async
   int32_t num_tokens; // of the item
   int32_t tile;       // index in the item
@@ -54,7 +54,8 @@ struct PrefixTileDesc {
   int32_t rows;       // query rows of the item
   int32_t kv_shared;
   int32_t query_slot;  // slot of the item's (sequence, piece) list in the query ring
-  int32_t pad;
+  int32_t pair_split;  // a pair (KernelUnit): the first unit's tokens, at rows [0, 32); else 0
+  int32_t first_rows;  // a pair: the first unit's query rows
 };
 
 template <int kHeadDim>
@@ -128,15 +129,20 @@ __global__ void __launch_bounds__(PrefixTiledConfig<kHeadDim>::kThreads, 1)
     const int producer = threadIdx.x - C::kConsumerThreads;
     const bool looks_ahead = warp == C::kConsumerWarps;
     // The plan's units, one item per lane: window items [window, window + 32) and the next 32.
+    // num_tokens: the tile rows the item spans (a pair: 32 + the second unit's tokens).
     struct Unit {
       int32_t block_begin, num_tokens, query_begin, rows, kv_shared, kv_head;  // kv_head -1: none
+      int32_t second_block_begin, pair_split, first_rows;
     };
     auto read_unit = [&](int n) {  // the CTA's n-th item
       const int ordinal = int(blockIdx.x) + n * int(gridDim.x);
-      if (ordinal >= p.num_items) return Unit{0, 0, 0, 0, 0, -1};
-      const attention::PrefixUnit& u = p.units[ordinal / p.num_kv_heads];
-      return Unit{__ldg(&u.block_begin), __ldg(&u.num_tokens), __ldg(&u.query_begin),
-                  __ldg(&u.num_queries) * p.group, __ldg(&u.kv_shared), ordinal % p.num_kv_heads};
+      if (ordinal >= p.num_items) return Unit{0, 0, 0, 0, 0, -1, 0, 0, 0};
+      const KernelUnit& u = p.units[ordinal / p.num_kv_heads];
+      const int second_tokens = __ldg(&u.second_tokens), num_tokens = __ldg(&u.num_tokens);
+      const bool pair = second_tokens > 0;
+      return Unit{__ldg(&u.block_begin), pair ? C::kTileTokens / 2 + second_tokens : num_tokens,
+                  __ldg(&u.query_begin), __ldg(&u.rows), __ldg(&u.kv_shared), ordinal % p.num_kv_heads,
+                  __ldg(&u.second_block_begin), pair ? num_tokens : 0, __ldg(&u.first_rows)};
     };
     int window = 0;
     Unit window_units = read_unit(lane), next_units = read_unit(32 + lane);
@@ -152,7 +158,10 @@ __global__ void __launch_bounds__(PrefixTiledConfig<kHeadDim>::kThreads, 1)
                   __shfl_sync(0xffffffffu, window_units.query_begin, from),
                   __shfl_sync(0xffffffffu, window_units.rows, from),
                   __shfl_sync(0xffffffffu, window_units.kv_shared, from),
-                  __shfl_sync(0xffffffffu, window_units.kv_head, from)};
+                  __shfl_sync(0xffffffffu, window_units.kv_head, from),
+                  __shfl_sync(0xffffffffu, window_units.second_block_begin, from),
+                  __shfl_sync(0xffffffffu, window_units.pair_split, from),
+                  __shfl_sync(0xffffffffu, window_units.first_rows, from)};
     };
 
     // The look-ahead: describes tile `step` of the CTA into desc ring slot step % (kLookahead + 1).
@@ -172,11 +181,19 @@ __global__ void __launch_bounds__(PrefixTiledConfig<kHeadDim>::kThreads, 1)
         d.rows = ahead.rows;
         d.kv_shared = ahead.kv_shared;
         d.query_slot = ahead_n % C::kQuerySlots;
+        d.pair_split = ahead.pair_split;
+        d.first_rows = ahead.first_rows;
       }
       if (ahead.kv_head < 0) return;
-      const int block = ahead_tile * blocks_per_tile + lane;
-      if (lane < blocks_per_tile && block << p.pool.block_size_log2 < ahead.num_tokens) {
-        ptx::cp_async_small<4>(ptx::smem_address(&d.ids[lane]), p.block_ids + ahead.block_begin + block);
+      // A pair's tile: the first unit's blocks in its first half, the second's in the other.
+      const bool second = ahead.pair_split > 0 && lane >= blocks_per_tile / 2;
+      const int block = second ? lane - blocks_per_tile / 2 : ahead_tile * blocks_per_tile + lane;
+      const int tokens = ahead.pair_split == 0 ? ahead.num_tokens
+                         : second              ? ahead.num_tokens - C::kTileTokens / 2
+                                               : ahead.pair_split;
+      if (lane < blocks_per_tile && block << p.pool.block_size_log2 < tokens) {
+        ptx::cp_async_small<4>(ptx::smem_address(&d.ids[lane]),
+                               p.block_ids + (second ? ahead.second_block_begin : ahead.block_begin) + block);
       }
       if (ahead_tile == 0) {  // the item's (sequence, piece) list, for its Q rows and its outputs
         const uint32_t slot = smem_base + C::kQueryRingOffset + (ahead_n % C::kQuerySlots) * C::kMaxRows * 8;
@@ -210,7 +227,7 @@ __global__ void __launch_bounds__(PrefixTiledConfig<kHeadDim>::kThreads, 1)
       ptx::named_barrier(2, C::kProducerThreads);  // and its plain writes are visible
       const PrefixTileDesc& d = desc_ring[step % (C::kLookahead + 1)];
       // Registers: the copies' "memory" clobbers would read every field again after each copy.
-      const int kv_head = d.kv_head, tile = d.tile, rows = d.rows, kv_shared = d.kv_shared;
+      const int kv_head = d.kv_head, tile = d.tile, rows = d.rows, kv_shared = d.kv_shared, pair_split = d.pair_split;
       const int tile_tokens = min(d.num_tokens - tile * C::kTileTokens, C::kTileTokens);
       const int query_slot = d.query_slot;
       const int stage = step % C::kStages;
@@ -225,7 +242,8 @@ __global__ void __launch_bounds__(PrefixTiledConfig<kHeadDim>::kThreads, 1)
         for (int pass = 0; pass < kPasses; ++pass) {
           const int row = row0 + pass * kRowsPerPass;
           if (row >= copy_rows) break;
-          const bool valid = row < tile_tokens;
+          // A pair's gap, rows [pair_split, 32), is zero-filled like the rows past the end.
+          const bool valid = row < tile_tokens && (pair_split == 0 || row < pair_split || row >= C::kTileTokens / 2);
           const T* k_src = k_head + (valid ? int64_t(d.ids[row >> p.pool.block_size_log2]) * p.pool.page_stride +
                                                  (row & block_mask) * int32_t(p.pool.token_stride)
                                            : 0);
@@ -292,16 +310,23 @@ __global__ void __launch_bounds__(PrefixTiledConfig<kHeadDim>::kThreads, 1)
   // The item being computed and this warp's share of it: rows 16 wm.., tokens slice wn.
   int num_tokens = 0, rows = 0, kv_head = 0, query_slot = 0;
   int warps_m = 1, warps_n = 1, wm = 0, wn = 0, slice = C::kTileTokens;
+  int token_begin[2], token_end[2];  // the item-relative tokens rows g and g + 8 attend to
   uint32_t q_frag[kDimSteps][4];
   float o_acc[kDimTiles][4];
   float row_max[2], row_sum[2];  // rows g, g + 8 of the warp's 16; exp2 domain; lane-partial sums
 
-  auto start_item = [&](int stage, bool solo) {
+  auto start_item = [&](int stage, bool solo, int pair_split, int first_rows) {
     warps_m = rows <= 16 ? 1 : rows <= 32 ? 2 : 4;
     warps_n = solo ? 1 : C::kConsumerWarps / warps_m;
     wm = solo ? 0 : warp % warps_m;
     wn = solo ? 0 : warp / warps_m;
     slice = C::kTileTokens / warps_n;
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {  // a pair's rows see only their own unit's tokens
+      const bool first = wm * 16 + g + 8 * h < first_rows;
+      token_begin[h] = pair_split == 0 || first ? 0 : C::kTileTokens / 2;
+      token_end[h] = pair_split == 0 ? num_tokens : first ? pair_split : num_tokens;
+    }
     const uint32_t q_src = stage_base(stage) + 2 * C::kKvTileBytes;
     const int i = lane / 8;  // which of ldmatrix's four matrices this lane addresses
 #pragma unroll
@@ -317,7 +342,7 @@ __global__ void __launch_bounds__(PrefixTiledConfig<kHeadDim>::kThreads, 1)
 
   // kChunks x 16 tokens [first, first + 16 kChunks) of the tile in `stage`; first is
   // tile-relative, token0 the item-relative index of the tile's token 0, and the first chunk holds
-  // at least one of the item's tokens. Two chunks at a time give the S products four independent
+  // at least one of the item's tokens (not necessarily one of every row's: a pair). Two chunks at a time give the S products four independent
   // mma chains and halve the rescales of O.
   auto compute_chunks = [&]<int kChunks>(int stage, int first, int token0) {
     const uint32_t k_src = stage_base(stage);
@@ -338,11 +363,12 @@ __global__ void __launch_bounds__(PrefixTiledConfig<kHeadDim>::kThreads, 1)
     for (int j = 0; j < 2 * kChunks; ++j) {
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
-        const bool real = token0 + first + 8 * j + 2 * t + (e & 1) < num_tokens;
+        const int token = token0 + first + 8 * j + 2 * t + (e & 1);
+        const bool real = token >= token_begin[e / 2] && token < token_end[e / 2];
         s[j][e] = real ? s[j][e] * p.scale_log2 : -INFINITY;
       }
     }
-    online_softmax_step(s, row_max, row_sum, o_acc);  // the first chunk has a real token: finite
+    online_softmax_step(s, row_max, row_sum, o_acc);
     uint32_t a[kChunks][4];  // P's A fragments: chunk c is S's n-tiles 2c and 2c + 1
 #pragma unroll
     for (int c = 0; c < kChunks; ++c) {
@@ -463,7 +489,7 @@ __global__ void __launch_bounds__(PrefixTiledConfig<kHeadDim>::kThreads, 1)
         rows = d.rows;
         kv_head = d.kv_head;
         query_slot = d.query_slot;
-        start_item(stage, solo);
+        start_item(stage, solo, d.pair_split, d.first_rows);
       }
       const int token0 = tile * C::kTileTokens;
       if (slice == 16) {  // four warps split the tile: one chunk each
