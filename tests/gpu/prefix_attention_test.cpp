@@ -167,23 +167,26 @@ INSTANTIATE_TEST_SUITE_P(Batches, GpuPrefixListed, ::testing::ValuesIn(listed_ca
 
 // ---- The kernel's units (host only: runs without a GPU too).
 
-// Pairs: consecutive units of <= 32 tokens and <= 8 rows each, with blocks of <= 32 tokens; every
-// plan unit appears once, as a kernel unit or one half of a pair, with its queries in order.
+// Pairs: consecutive units of <= 32 tokens, with <= 64 rows together, with blocks of <= 32
+// tokens; every plan unit appears once, as a kernel unit or one half of a pair, with its queries
+// in order.
 TEST(PrefixKernelUnits, PairsShortUnitsAndKeepsEveryUnit) {
   struct Case {
     const char* tree;
     int32_t group, block_size, pairs;
   };
-  // 1,6_256,20: the root and six 20-token leaves (three pairs at group <= 8, none at group 16 or
-  // with 64-token blocks); 1,5_256,48: leaves over 32 tokens; 1,2,10_64,64,30: five pairs.
-  for (const Case& c : {Case{"1,6_256,20", 4, 16, 3}, Case{"1,6_256,20", 8, 32, 3}, Case{"1,6_256,20", 16, 16, 0},
-                        Case{"1,6_256,20", 4, 64, 0}, Case{"1,5_256,48", 1, 16, 0}, Case{"1,2,10_64,64,30", 2, 16, 5}}) {
+  // 1,6_256,20: the root and six 20-token leaves (three pairs, none with 64-token blocks);
+  // 1,5_256,48: leaves over 32 tokens; 1,2,10_64,64,30: five pairs; 1,4,8_256,32,32: 4 shared
+  // 32-token nodes of 8 rows and 8 leaves of 4, six pairs.
+  for (const Case& c : {Case{"1,6_256,20", 4, 16, 3}, Case{"1,6_256,20", 8, 32, 3}, Case{"1,6_256,20", 4, 64, 0},
+                        Case{"1,5_256,48", 1, 16, 0}, Case{"1,2,10_64,64,30", 2, 16, 5},
+                        Case{"1,4,8_256,32,32", 4, 16, 6}}) {
     SCOPED_TRACE(std::string(c.tree) + " group " + std::to_string(c.group) + " block " + std::to_string(c.block_size));
     const attention::PrefixTreeSpec spec = attention::parse_prefix_tree(c.tree);
     const attention::DecodeBatch batch = attention::make_tree_batch(spec, c.block_size, 3);
     const AttentionShape shape{.num_q_heads = 2 * c.group, .num_kv_heads = 2, .head_dim = 128, .block_size = c.block_size};
     const PrefixPlan plan = attention::plan_prefix(batch, shape, {.num_workers = 132}, {.split = false, .m_tiles = {16, 32, 64}});
-    const KernelUnits k = kernel_units(plan, c.block_size);
+    const KernelUnits k = kernel_units(plan, c.block_size, 64);
     EXPECT_EQ(k.units.size() + size_t(c.pairs), plan.units.size());
     size_t next = 0;  // the plan unit each kernel unit must start with, in order
     for (const KernelUnit& u : k.units) {
@@ -201,8 +204,7 @@ TEST(PrefixKernelUnits, PairsShortUnitsAndKeepsEveryUnit) {
         EXPECT_EQ(u.second_tokens, second.num_tokens);
         EXPECT_LE(first.num_tokens, 32);
         EXPECT_LE(second.num_tokens, 32);
-        EXPECT_LE(second.num_queries * c.group, 8);
-        EXPECT_LE(u.first_rows, 8);
+        EXPECT_LE(u.first_rows + second.num_queries * c.group, 64);
         expected.insert(expected.end(), plan.unit_queries.begin() + second.query_begin,
                         plan.unit_queries.begin() + second.query_begin + second.num_queries);
       }
@@ -214,6 +216,24 @@ TEST(PrefixKernelUnits, PairsShortUnitsAndKeepsEveryUnit) {
     }
     EXPECT_EQ(next, plan.units.size());
   }
+  // Rows: 48 + 32 > 64 stays apart, 32 + 32 pairs, and a 33-token unit is never half a tile.
+  PrefixPlan plan;
+  plan.group = 16;
+  for (int32_t queries : {3, 2, 2, 1}) {
+    plan.units.push_back({.block_begin = int32_t(plan.units.size()) * 2, .num_tokens = 32,
+                          .query_begin = int32_t(plan.unit_queries.size()), .num_queries = queries, .m_tile = 64});
+    for (int32_t q = 0; q < queries; ++q) plan.unit_queries.push_back({.seq = int32_t(plan.unit_queries.size()), .piece = -1});
+  }
+  plan.units.push_back({.block_begin = 8, .num_tokens = 33, .query_begin = 0, .num_queries = 1, .m_tile = 16});
+  const KernelUnits k = kernel_units(plan, 16, 64);
+  ASSERT_EQ(k.units.size(), 4u);
+  EXPECT_EQ(k.units[0].second_tokens, 0);
+  EXPECT_EQ(k.units[1].second_tokens, 32);
+  EXPECT_EQ(k.units[1].rows, 64);
+  EXPECT_EQ(k.units[1].first_rows, 32);
+  EXPECT_EQ(k.queries[size_t(k.units[1].query_begin) + 2].seq, 5);
+  EXPECT_EQ(k.units[2].second_tokens, 0);
+  EXPECT_EQ(k.units[3].second_tokens, 0);
 }
 
 // ---- Random forests, small enough for the CPU executor over the whole batch.

@@ -112,11 +112,9 @@ static void check_plan(const attention::PrefixPlan& plan, const attention::Decod
   }
 }
 
-KernelUnits kernel_units(const attention::PrefixPlan& plan, int32_t block_size) {
-  constexpr int32_t kHalfTile = 32, kMaxPairRows = 8;
-  const auto pairable = [&](const attention::PrefixUnit& u) {
-    return block_size <= kHalfTile && u.num_tokens <= kHalfTile && u.num_queries * plan.group <= kMaxPairRows;
-  };
+KernelUnits kernel_units(const attention::PrefixPlan& plan, int32_t block_size, int32_t max_rows) {
+  constexpr int32_t kHalfTile = 32;
+  const auto pairable = [&](const attention::PrefixUnit& u) { return block_size <= kHalfTile && u.num_tokens <= kHalfTile; };
   KernelUnits k;
   k.units.reserve(plan.units.size());
   k.queries.reserve(plan.unit_queries.size());
@@ -127,7 +125,7 @@ KernelUnits kernel_units(const attention::PrefixPlan& plan, int32_t block_size) 
   bool open_pair = false;  // the last kernel unit is a pairable unit still alone
   for (const attention::PrefixUnit& u : plan.units) {
     const int32_t rows = u.num_queries * plan.group;
-    if (open_pair && pairable(u)) {
+    if (open_pair && pairable(u) && k.units.back().rows + rows <= max_rows) {
       KernelUnit& first = k.units.back();
       first.second_block_begin = u.block_begin;
       first.second_tokens = u.num_tokens;
@@ -155,7 +153,7 @@ void PrefixWorkspace::upload(const attention::PrefixPlan& plan, const attention:
                              const attention::AttentionShape& shape, const PrefixTiles& tiles,
                              cudaStream_t stream) {
   check_plan(plan, batch, shape, tiles);
-  const KernelUnits kernel = kernel_units(plan, shape.block_size);
+  const KernelUnits kernel = kernel_units(plan, shape.block_size, tiles.m_tiles.back());
   units.upload(kernel.units, stream);
   unit_queries.upload(kernel.queries, stream);
   merges.upload(plan.merges, stream);

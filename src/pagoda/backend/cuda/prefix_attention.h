@@ -54,16 +54,17 @@ const char* prefix_shape_unsupported_reason(const attention::AttentionShape& sha
 const char* prefix_unsupported_reason(const attention::AttentionShape& shape, const PagedKv& kv);
 
 // The plan's units as the kernel runs them, in the plan's order, each unit's queries copied after
-// the previous one's. Two consecutive units of at most 32 tokens and 8 query rows each (short
-// private leaves) become one pair, sharing a 64-token KV tile: the loading and computing warps'
-// work per tile is much the same for 32 tokens as for 64, and a tile of 32 reached 0.62 of the
-// bandwidth at 1024 x 32 tokens on an H100 where one of 64 reached 0.91. Only with blocks of at
-// most 32 tokens (a tile holds whole blocks of each unit).
+// the previous one's. Two consecutive units of at most 32 tokens each, with at most max_rows
+// query rows together (short private leaves; short shared nodes of a few queries), become one
+// pair sharing a 64-token KV tile: the loading and computing warps' work per tile is much the
+// same for 32 tokens as for 64, and a tile of 32 reached 0.62 of the bandwidth at 1024 x 32
+// tokens on an H100 where one of 64 reached 0.91. Only with blocks of at most 32 tokens (a tile
+// holds whole blocks of each unit).
 struct KernelUnits {
   std::vector<KernelUnit> units;
   std::vector<attention::UnitQuery> queries;
 };
-KernelUnits kernel_units(const attention::PrefixPlan& plan, int32_t block_size);
+KernelUnits kernel_units(const attention::PrefixPlan& plan, int32_t block_size, int32_t max_rows);
 
 // What a step's prefix attention reads from device memory, uploaded once per step and shared by
 // every layer.

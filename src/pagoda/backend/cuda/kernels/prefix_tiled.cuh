@@ -4,7 +4,9 @@
 // (a 32-token private tail) never waits for a launch, a first load or a drain between them.
 //
 // An item is one unit of queries (rows = queries x GQA group, at most kMaxRows) over one run of
-// KV tokens of one kv head. Every K/V byte lands in shared memory once and serves all the rows.
+// KV tokens of one kv head, or a pair of units of at most 32 tokens each (KernelUnit): the first's
+// tokens fill tile rows [0, 32), the second's the rest, and each row is masked to its own unit's
+// tokens. Every K/V byte lands in shared memory once and serves all the rows.
 // Tensor cores, FlashAttention-2 style, the rows on the M side:
 //   S [16 rows x 16 tokens]  = Q [16 x d] . K^T          (mma m16n8k16; B = K rows, ldmatrix)
 //   O [16 rows x d]         += P [16 x 16 tokens] . V    (P from S's accumulators; V by ldmatrix.trans)
@@ -341,9 +343,10 @@ __global__ void __launch_bounds__(PrefixTiledConfig<kHeadDim>::kThreads, 1)
   };
 
   // kChunks x 16 tokens [first, first + 16 kChunks) of the tile in `stage`; first is
-  // tile-relative, token0 the item-relative index of the tile's token 0, and the first chunk holds
-  // at least one of the item's tokens (not necessarily one of every row's: a pair). Two chunks at a time give the S products four independent
-  // mma chains and halve the rescales of O.
+  // tile-relative, token0 the item-relative index of the tile's token 0. A row may have none of
+  // its tokens there (a pair's rows, the tail of an item): online_softmax_step leaves it as it
+  // was. Two chunks at a time give the S products four independent mma chains and halve the
+  // rescales of O.
   auto compute_chunks = [&]<int kChunks>(int stage, int first, int token0) {
     const uint32_t k_src = stage_base(stage);
     const uint32_t v_src = k_src + C::kKvTileBytes;
