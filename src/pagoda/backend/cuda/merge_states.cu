@@ -44,7 +44,6 @@ __global__ void __launch_bounds__(kWarps * 32, kDims <= 4 ? 6 : 4)
   const int part = warp % warps_per_row;  // the row's partials part, part + warps_per_row, ...
   const int64_t row_index = int64_t(blockIdx.x) * (kWarps / warps_per_row) + warp / warps_per_row;
   const bool shared_row = warps_per_row > 1;  // uniform over the CTA: every warp meets the barrier
-  ptx::wait_prerequisite_grid();  // launched early (programmatic dependent launch): wait for the partials
   if (row_index >= num_rows && !shared_row) return;
 
   // Row index -> (task, kv head of the task, row r of the group): consecutive warps take
@@ -56,6 +55,9 @@ __global__ void __launch_bounds__(kWarps * 32, kDims <= 4 ? 6 : 4)
   const int64_t row = int64_t(task.seq) * num_q_heads + int64_t(task.kv_head + head) * group + r;
   const int64_t first = task.partial_begin + head * head_slot_stride + part;
   const int64_t last = row_index < num_rows ? task.partial_begin + head * head_slot_stride + task.num_partials : 0;
+  // Launched early (programmatic dependent launch): the task, uploaded before either grid, is
+  // read while the partials' grid finishes; the partials only once it has.
+  ptx::wait_prerequisite_grid();
 
   float max_lse = -INFINITY, weight_sum = 0.f;
   float acc[kDims] = {};

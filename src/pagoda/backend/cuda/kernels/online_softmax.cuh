@@ -8,13 +8,24 @@
 namespace pagoda::cuda {
 
 // s: kTiles n-tiles of 8 scores, already scaled to the exp2 domain and -inf where masked.
-// Replaces s with P = exp2(s - new max), adds P's row sums to row_sum (this lane's columns only),
-// and rescales row_sum and O by the change of the row maximum (0 on a row's first step, whose max
-// starts at -inf). A row with no finite score yet keeps the empty state (max -inf, sum 0, O 0):
-// its exponents are taken against 0 instead of -inf, which would make them NaN.
+// Replaces s with P = exp2(s - reference), adds P's row sums to row_sum (this lane's columns
+// only), and rescales row_sum and O when a row's reference moves.
+//
+// The reference (row_max) is a row's maximum so far, kept lazily: it moves only when a score
+// exceeds it by more than kLazyRescaleLog2, so P stays <= 2^8 (exact to fp16's and bf16's
+// relative precision, far from fp32's range) and the sum and O are still relative to one
+// reference, which is all the final o / sum and lse = reference + log(sum) need. Most steps after
+// a row's first then leave the reference where it was, and a warp whose rows all kept theirs
+// skips O's rescale, the step's largest cost after the mma. A row with no finite score yet keeps
+// the empty state (reference -inf, sum 0, O 0): its exponents are taken against 0 instead of
+// -inf, which would make them NaN.
+inline constexpr float kLazyRescaleLog2 = 8.f;
+
 template <int kTiles, int kDimTiles>
 __device__ __forceinline__ void online_softmax_step(float (&s)[kTiles][4], float (&row_max)[2], float (&row_sum)[2],
                                                     float (&o_acc)[kDimTiles][4]) {
+  float correction[2];
+  bool rescale = false;  // a row of this lane moved a finite reference: O holds its old scale
 #pragma unroll
   for (int h = 0; h < 2; ++h) {  // rows g, then g + 8
     float step_max = -INFINITY;
@@ -23,10 +34,12 @@ __device__ __forceinline__ void online_softmax_step(float (&s)[kTiles][4], float
     // Over the row: the 4 lanes sharing g.
     step_max = fmaxf(step_max, __shfl_xor_sync(0xffffffffu, step_max, 1));
     step_max = fmaxf(step_max, __shfl_xor_sync(0xffffffffu, step_max, 2));
-    const float new_max = fmaxf(row_max[h], step_max);
-    const float base = new_max == -INFINITY ? 0.f : new_max;
-    const float correction = exp2f(row_max[h] - base);
-    row_max[h] = new_max;
+    const bool moves = step_max > row_max[h] + kLazyRescaleLog2;  // always, from -inf to a finite max
+    const float reference = moves ? step_max : row_max[h];
+    const float base = reference == -INFINITY ? 0.f : reference;
+    correction[h] = moves ? exp2f(row_max[h] - base) : 1.f;  // 0 from -inf: O and the sum are 0 then
+    rescale |= moves && row_max[h] != -INFINITY;
+    row_max[h] = reference;
     float sum = 0.f;
 #pragma unroll
     for (int n = 0; n < kTiles; ++n) {
@@ -37,11 +50,13 @@ __device__ __forceinline__ void online_softmax_step(float (&s)[kTiles][4], float
         sum += x;
       }
     }
-    row_sum[h] = row_sum[h] * correction + sum;
+    row_sum[h] = row_sum[h] * correction[h] + sum;
+  }
+  if (__any_sync(0xffffffffu, rescale)) {
 #pragma unroll
     for (int n = 0; n < kDimTiles; ++n) {
-      o_acc[n][2 * h] *= correction;
-      o_acc[n][2 * h + 1] *= correction;
+#pragma unroll
+      for (int e = 0; e < 4; ++e) o_acc[n][e] *= correction[e / 2];
     }
   }
 }

@@ -232,7 +232,7 @@ __global__ void __launch_bounds__(PrefillTiledConfig<kHeadDim>::kThreads)
     sum += __shfl_xor_sync(0xffffffffu, sum, 1);
     sum += __shfl_xor_sync(0xffffffffu, sum, 2);
     if (!row_valid[h]) continue;
-    const float inv = 1.f / sum;  // sum >= 1: the row's max key contributes exp2(0)
+    const float inv = 1.f / sum;  // sum >= 1: the max key adds exp2(max - reference) >= 1
     const int row = warp * 16 + g + 8 * h;
     const int64_t out_row = int64_t(tile.row_begin + row_token[h]) * p.num_q_heads +
                             int64_t(kv_head) * p.group + row % p.group;

@@ -12,12 +12,13 @@
 //   O [16 rows x d]         += P [16 x 16 tokens] . V    (P from S's accumulators; V by ldmatrix.trans)
 // The item's M tile (16, 32 or 64 rows, the tile selector's choice) sets how the 4 computing
 // warps share a 64-token KV tile: warps_m = M / 16 warps own 16 rows each, and the 4 / warps_m
-// warps of one row block split the tile's tokens. Each warp keeps its own online-softmax state
-// (exp2 domain, one rescale per 32 tokens); at the end of an item the warps of a row block merge
-// with ⊕ through shared memory and write the output rows, or the partial states the plan's
-// merges fold. A solo item (one tile, at most 16 rows: a short private tail) is computed whole by
-// one warp, chosen round-robin by stage, while the others go on to the next stages: four such
-// items proceed at once, and none waits on a barrier.
+// warps of one row block split the tile's tokens (a warp that owns the whole tile computes its
+// 64 tokens at once). Each warp keeps its own online-softmax state (exp2 domain, rescaled
+// lazily: online_softmax.cuh); at the end of an item the warps of a row block merge with ⊕
+// through shared memory and write the output rows, or the partial states the plan's merges fold.
+// A solo item (one tile, at most 16 rows: a short private tail) is computed whole by one warp,
+// chosen round-robin by stage, while the others go on to the next stages: four such items
+// proceed at once, and none waits on a barrier.
 //
 // Warp roles. Four more warps, the producers, only move data: they run up to kStages tiles ahead
 // of the computing warps (the consumers), so that a stall on their own loads never stalls the math,
@@ -214,16 +215,22 @@ __global__ void __launch_bounds__(PrefixTiledConfig<kHeadDim>::kThreads, 1)
     // swizzle (row % 8 is the same for all of them) and one pair of rows per warp, so the row
     // guards are warp-uniform. Rows past the item's last token are zero-filled up to the 32
     // tokens the consumers compute at a time (P = 0 there, and 0 * V must not be NaN); the Q rows
-    // up to the 16-row fragments that read them.
+    // up to the 16-row fragments that read them. This loop is most of the producers' instructions,
+    // which share the SM's issue slots with the consumers' math: a pass adds one 64-bit stride, and
+    // a block's id is read and multiplied once per block.
     constexpr int kRowsPerPass = C::kProducerThreads / C::kChunksPerRow;
     constexpr int kPasses = C::kTileTokens / kRowsPerPass;
-    static_assert(kRowsPerPass % 8 == 0, "one swizzle per lane");
+    static_assert(kRowsPerPass % 8 == 0 && kRowsPerPass <= 16,
+                  "one swizzle per lane; a block (>= 16 tokens) spans whole passes");
     const int chunk = producer % C::kChunksPerRow;
     const int row0 = producer / C::kChunksPerRow;
     const uint32_t lane_offset = uint32_t(row0 * C::kRowBytes + ((chunk ^ (row0 & 7)) << 4));
     const int block_mask = (1 << p.pool.block_size_log2) - 1;
-    const T* const k_pool = static_cast<const T*>(p.pool.k) + chunk * 8;
+    const T* const k_pool = static_cast<const T*>(p.pool.k) + chunk * 8 + row0 * p.pool.token_stride;
+    const int64_t pass_stride = kRowsPerPass * p.pool.token_stride;
     const int64_t v_minus_k = static_cast<const T*>(p.pool.v) - static_cast<const T*>(p.pool.k);
+    // row / group for the Q rows (row < 64) without a division: (row * magic) >> 32.
+    const uint64_t group_magic = (uint64_t(1) << 32) / uint32_t(p.group) + 1;
     auto copy_tile = [&](int step) -> bool {
       ptx::cp_async_wait<C::kLookahead - 1>();  // the look-ahead's copies for this tile landed
       ptx::named_barrier(2, C::kProducerThreads);  // and its plain writes are visible
@@ -240,15 +247,21 @@ __global__ void __launch_bounds__(PrefixTiledConfig<kHeadDim>::kThreads, 1)
         const uint32_t k_dst = stage_base(stage) + lane_offset;
         const uint32_t v_dst = k_dst + C::kKvTileBytes;
         const int copy_rows = (tile_tokens + 31) & ~31;
+        // A pair's gap, rows [pair_split, 32), is zero-filled like the rows past the end.
+        const int first_half_end = pair_split == 0 ? tile_tokens : pair_split;
+        const T* k_src = k_head;
 #pragma unroll
         for (int pass = 0; pass < kPasses; ++pass) {
           const int row = row0 + pass * kRowsPerPass;
           if (row >= copy_rows) break;
-          // A pair's gap, rows [pair_split, 32), is zero-filled like the rows past the end.
-          const bool valid = row < tile_tokens && (pair_split == 0 || row < pair_split || row >= C::kTileTokens / 2);
-          const T* k_src = k_head + (valid ? int64_t(d.ids[row >> p.pool.block_size_log2]) * p.pool.page_stride +
-                                                 (row & block_mask) * int32_t(p.pool.token_stride)
-                                           : 0);
+          const bool valid = row < (pass < kPasses / 2 ? first_half_end : tile_tokens);
+          // A block that starts at this pass holds row `row` at row0 (block_size >= 16 >= kRowsPerPass).
+          // Past the last token the id is stale: the address is formed but a 0-byte copy reads nothing.
+          if (((pass * kRowsPerPass) & block_mask) == 0) {
+            k_src = k_head + int64_t(d.ids[row >> p.pool.block_size_log2]) * p.pool.page_stride;
+          } else {
+            k_src += pass_stride;
+          }
           if (kv_shared && valid && chunk % 8 == 0) {
             ptx::prefetch_l2_evict_last(k_src);
             ptx::prefetch_l2_evict_last(k_src + v_minus_k);
@@ -267,8 +280,9 @@ __global__ void __launch_bounds__(PrefixTiledConfig<kHeadDim>::kThreads, 1)
             const int row = row0 + pass * kRowsPerPass;
             if (row >= q_rows) break;
             const bool valid = row < rows;
-            const int64_t q_row = valid ? int64_t(queries[row / p.group].seq) * p.num_q_heads +
-                                              int64_t(kv_head) * p.group + row % p.group
+            const int query = int((uint64_t(row) * group_magic) >> 32);
+            const int64_t q_row = valid ? int64_t(queries[query].seq) * p.num_q_heads + int64_t(kv_head) * p.group +
+                                              (row - query * p.group)
                                         : 0;
             ptx::cp_async_16(q_dst + pass * kRowsPerPass * C::kRowBytes, q + q_row * kHeadDim, valid ? 16 : 0);
           }
@@ -345,8 +359,8 @@ __global__ void __launch_bounds__(PrefixTiledConfig<kHeadDim>::kThreads, 1)
   // kChunks x 16 tokens [first, first + 16 kChunks) of the tile in `stage`; first is
   // tile-relative, token0 the item-relative index of the tile's token 0. A row may have none of
   // its tokens there (a pair's rows, the tail of an item): online_softmax_step leaves it as it
-  // was. Two chunks at a time give the S products four independent mma chains and halve the
-  // rescales of O.
+  // was. Two or four chunks at a time give the S products four or eight independent mma chains
+  // and one online-softmax step for all of them.
   auto compute_chunks = [&]<int kChunks>(int stage, int first, int token0) {
     const uint32_t k_src = stage_base(stage);
     const uint32_t v_src = k_src + C::kKvTileBytes;
@@ -461,7 +475,7 @@ __global__ void __launch_bounds__(PrefixTiledConfig<kHeadDim>::kThreads, 1)
       if (row >= rows) continue;
       const attention::UnitQuery uq = queries[row / p.group];
       const int head = row % p.group;
-      const float inv = 1.f / row_sum[h];  // >= 1: the row's max token contributes exp2(0)
+      const float inv = 1.f / row_sum[h];  // row_sum >= 1: the max token adds exp2(max - reference) >= 1
       const float lse = row_max[h] * float(M_LN2) + logf(row_sum[h]);
       // The output row, or the row's partial slot (o in T as well: half the bytes of fp32 to
       // write and merge, and no less precise than the output it becomes).
@@ -497,6 +511,10 @@ __global__ void __launch_bounds__(PrefixTiledConfig<kHeadDim>::kThreads, 1)
       const int token0 = tile * C::kTileTokens;
       if (slice == 16) {  // four warps split the tile: one chunk each
         if (token0 + wn * 16 < num_tokens) compute_chunks.template operator()<1>(stage, wn * 16, token0);
+      } else if (slice == C::kTileTokens && token0 + C::kTileTokens / 2 < num_tokens) {
+        // The whole tile at once (its rows past the first 32 are copied): eight independent S
+        // chains and one softmax step keep one warp's tensor and exp2 pipes busier than two halves.
+        compute_chunks.template operator()<4>(stage, 0, token0);
       } else {
 #pragma unroll 1
         for (int first = wn * slice; first < (wn + 1) * slice && token0 + first < num_tokens; first += 32) {
