@@ -33,7 +33,7 @@ if has flashinfer; then
   ) >"$out/flashinfer_jit.log" 2>&1 &
   flashinfer_jit=$!
 fi
-trap '[[ -n ${flashinfer_jit:-} ]] && kill "$flashinfer_jit" 2>/dev/null; true' EXIT
+trap 'if [[ -n ${flashinfer_jit:-} ]]; then kill "$flashinfer_jit" 2>/dev/null || true; fi' EXIT
 bash scripts/device_build.sh pagoda gpu_tests 2>&1 | tee "$out/build.log" | tail -n 3
 
 if has tests; then
