@@ -291,9 +291,9 @@ Inputs make_forest_inputs(const Config& c, uint64_t seed) {
   return make_inputs(c, int32_t(ids.size()), blocks, shuffled_lengths, seed, /*fill_tails=*/seed % 2 == 0);
 }
 
-void expect_forest_matches(const Config& c, uint64_t seed, attention::PrefixPlanOptions options = {},
-                           int32_t workers = 0) {
-  Inputs in = make_forest_inputs(c, seed);
+// The GPU against the CPU executor of the same plan, and the CPU executor against exact attention.
+void expect_plan_matches(const Config& c, Inputs in, const std::string& what,
+                         attention::PrefixPlanOptions options = {}, int32_t workers = 0) {
   const DeviceInputs dev(in);
   const PrefixTiles tiles = prefix_tiles(in.shape, c.dtype);
   options.m_tiles = tiles.m_tiles;
@@ -302,10 +302,15 @@ void expect_forest_matches(const Config& c, uint64_t seed, attention::PrefixPlan
   Outputs cpu{std::vector<float>(in.q.size(), std::nanf("")), std::vector<float>(in.rows(), std::nanf(""))};
   attention::run_prefix_cpu(plan, in.batch, in.shape, in.pool.view(), in.q_f32.data(), cpu.out.data(), cpu.lse.data());
   const DeviceOutputs gpu = run_prefix_gpu(plan, in.batch, in.shape, tiles, dev.kv, dev.q.data());
-  SCOPED_TRACE("seed " + std::to_string(seed) + ", " + std::to_string(plan.units.size()) + " units, " +
-               std::to_string(plan.num_pieces) + " pieces");
+  SCOPED_TRACE(what + ", " + std::to_string(plan.units.size()) + " units, " + std::to_string(plan.num_pieces) +
+               " pieces");
   expect_matches(in, Outputs{gpu.out, gpu.lse}, cpu);
   expect_matches(in, cpu, run_exact(in), kCpuExactTolerance, kCpuExactTolerance);
+}
+
+void expect_forest_matches(const Config& c, uint64_t seed, attention::PrefixPlanOptions options = {},
+                           int32_t workers = 0) {
+  expect_plan_matches(c, make_forest_inputs(c, seed), "seed " + std::to_string(seed), options, workers);
 }
 
 TEST(GpuPrefix, RandomForests) {
@@ -334,6 +339,50 @@ TEST(GpuPrefix, EveryTileAndSplitChoice) {
   expect_forest_matches(c, 102, {.pack = false});
   expect_forest_matches(c, 103, {.min_kv_tokens_per_unit = 16}, 4096);
   expect_forest_matches(c, 104, {}, 1);
+}
+
+// Scores that climb `step` (natural log units) every 16 tokens of a sequence: every query row is
+// u = (1, -1, 1, ...) and the K row at position t is u * step * (t / 16) / sqrt(head_dim), so
+// q.k / sqrt(head_dim) = step * (t / 16). At step 6 (8.7 in the kernel's log2 units) a row's
+// reference maximum moves at every step of online_softmax.cuh and O is rescaled each time; at
+// step 1 (5.8 log2 units over 64 tokens) the reference stays where it was for a step while its P
+// grow past 1, and moves at the next (the lazy rescale). V stays random: the last 16 tokens of a
+// sequence weigh most, and each token of the 16 before e^-step as much.
+void set_stepped_scores(Inputs& in, float step) {
+  const Config& c = in.config;
+  const float per_dim = step / std::sqrt(float(c.head_dim));
+  std::vector<float> row(size_t(c.head_dim)), stored(size_t(c.head_dim));
+  for (int32_t seq = 0; seq < in.batch.num_seqs(); ++seq) {
+    const auto blocks = in.batch.blocks_of(seq);
+    for (int32_t t = 0; t < in.batch.kv_lengths[size_t(seq)]; ++t) {  // slots past the length keep theirs
+      for (int32_t d = 0; d < c.head_dim; ++d) {
+        row[size_t(d)] = (d % 2 == 0 ? 1.f : -1.f) * per_dim * float(t / 16);
+      }
+      for (int32_t h = 0; h < c.num_kv_heads; ++h) {
+        in.pool.store_row(false, blocks[size_t(t / c.block_size)], h, t % c.block_size, row.data(), stored.data());
+      }
+    }
+  }
+  for (size_t i = 0; i < in.q.size(); ++i) {
+    in.q[i] = to_bits(c.dtype, i % 2 == 0 ? 1.f : -1.f);  // head_dim is even: dim d of every row has d's sign
+    in.q_f32[i] = from_bits(c.dtype, in.q[i]);
+  }
+}
+
+TEST(GpuPrefix, SteppedScoresMoveTheSoftmaxReference) {
+  SKIP_WITHOUT_GPU();
+  uint64_t seed = 201;
+  const Config configs[] = {
+      {.dtype = DType::kF16, .head_dim = 128, .block_size = 16, .group = 4, .num_kv_heads = 2},
+      {.dtype = DType::kBF16, .head_dim = 64, .block_size = 32, .group = 1, .num_kv_heads = 2}};
+  for (const Config& c : configs) {
+    for (const float step : {1.f, 6.f}) {
+      Inputs in = make_forest_inputs(c, seed);
+      set_stepped_scores(in, step);
+      expect_plan_matches(c, std::move(in), c.name() + ", step " + std::to_string(step) + ", seed " + std::to_string(seed));
+      ++seed;
+    }
+  }
 }
 
 TEST(GpuPrefix, NullLseAndRejectedInput) {
