@@ -5,7 +5,9 @@
 //     queries' blocks are copied back);
 //   - random prefix forests (partial last blocks, empty sequences, shuffled query order, GQA
 //     groups 1-8, head_dim 64 and 128, f16 and bf16, HND and NHD, block sizes 16-64) against the
-//     CPU executor running the same plan, and against the exact reference.
+//     CPU executor running the same plan, and against the exact reference;
+//   - forests whose scores climb along each sequence, so that the online softmax's reference
+//     maximum moves (at every step, and lazily) and O is rescaled.
 // Tolerances are decode_attention_test.cpp's (attention_inputs.h): the kernels round P and the
 // output to the KV dtype as the decode kernel does. Outputs are poisoned with NaN bytes first.
 #include "pagoda/backend/cuda/prefix_attention.h"
