@@ -202,12 +202,13 @@ void prefix_attention(PrefixWorkspace& workspace, const attention::AttentionShap
         .num_pieces = workspace.num_pieces,
         .scale_log2 = shape.softmax_scale * std::numbers::log2e_v<float>,
     };
-    launch_prefix_tiled(kv.dtype, shape.head_dim, params, int(std::min<int64_t>(num_items, std::max(workspace.workers, 1))), stream);
+    const int grid = int(std::min<int64_t>(num_items, std::max(workspace.workers, 1)));
+    launch_prefix_tiled(kv.dtype, shape.head_dim, params, grid, stream);
   }
-  merge_partial_states(workspace.merges.data(), int(workspace.merges.size()), workspace.max_partials, shape.num_kv_heads,
-                       workspace.num_pieces, shape.group_size(),
-                       shape.num_q_heads, shape.head_dim, workspace.partial_o.data(),
-                       workspace.partial_lse.data(), kv.dtype, out, lse, stream);
+  merge_partial_states(workspace.merges.data(), int(workspace.merges.size()), workspace.max_partials,
+                       shape.num_kv_heads, workspace.num_pieces, shape.group_size(), shape.num_q_heads,
+                       shape.head_dim, workspace.partial_o.data(), workspace.partial_lse.data(), kv.dtype, out,
+                       lse, stream);
 }
 
 }  // namespace pagoda::cuda

@@ -99,8 +99,13 @@ struct PrefixTiledConfig {
 
   static_assert(kHeadDim % 64 == 0, "the swizzle needs at least 8 chunks per row");
   static_assert(kQuerySlots >= kLookahead + kStages + 1);
+  static_assert(kMaxRows == 64, "prefix_m_tile's largest M tile");
   static_assert(kBarrierOffset % 8 == 0);
 };
+
+// An item's M tile: its query rows rounded up to 16, 32 or 64 (the tile selector's choice, which
+// kernel_units and the plan keep at most 64 rows).
+__device__ __forceinline__ int prefix_m_tile(int rows) { return rows <= 16 ? 16 : rows <= 32 ? 32 : 64; }
 
 template <typename T, int kHeadDim>
 __global__ void __launch_bounds__(PrefixTiledConfig<kHeadDim>::kThreads, 1)
@@ -273,7 +278,7 @@ __global__ void __launch_bounds__(PrefixTiledConfig<kHeadDim>::kThreads, 1)
         if (tile == 0) {
           const uint32_t q_dst = v_dst + C::kKvTileBytes;
           const attention::UnitQuery* queries = query_ring + query_slot * C::kMaxRows;
-          const int q_rows = rows <= 16 ? 16 : rows <= 32 ? 32 : C::kMaxRows;
+          const int q_rows = prefix_m_tile(rows);
           const T* q = static_cast<const T*>(p.q) + chunk * 8;
 #pragma unroll
           for (int pass = 0; pass < kPasses; ++pass) {
@@ -332,7 +337,7 @@ __global__ void __launch_bounds__(PrefixTiledConfig<kHeadDim>::kThreads, 1)
   float row_max[2], row_sum[2];  // rows g, g + 8 of the warp's 16; exp2 domain; lane-partial sums
 
   auto start_item = [&](int stage, bool solo, int pair_split, int first_rows) {
-    warps_m = rows <= 16 ? 1 : rows <= 32 ? 2 : 4;
+    warps_m = prefix_m_tile(rows) / 16;
     warps_n = solo ? 1 : C::kConsumerWarps / warps_m;
     wm = solo ? 0 : warp % warps_m;
     wn = solo ? 0 : warp / warps_m;
