@@ -16,6 +16,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <random>
 #include <string>
 #include <utility>
 #include <vector>
@@ -236,6 +237,89 @@ TEST(PrefixKernelUnits, PairsShortUnitsAndKeepsEveryUnit) {
   EXPECT_EQ(k.queries[size_t(k.units[1].query_begin) + 2].seq, 5);
   EXPECT_EQ(k.units[2].second_tokens, 0);
   EXPECT_EQ(k.units[3].second_tokens, 0);
+}
+
+TEST(PrefixKernelUnits, CutsOneTileUnitsOfMoreRowsThanAStage) {
+  // Group 8: 16 queries are 128 rows. Over 32 tokens (one tile) the unit becomes two of 64 rows,
+  // both marked shared; over 65 tokens (two tiles) it stays whole.
+  PrefixPlan plan;
+  plan.group = 8;
+  for (int32_t tokens : {32, 65}) {
+    plan.units.push_back({.block_begin = int32_t(plan.units.size()) * 8, .num_tokens = tokens,
+                          .query_begin = int32_t(plan.unit_queries.size()), .num_queries = 16, .m_tile = 128});
+    for (int32_t q = 0; q < 16; ++q) plan.unit_queries.push_back({.seq = int32_t(plan.unit_queries.size()), .piece = -1});
+  }
+  const KernelUnits k = kernel_units(plan, 16, 64);
+  ASSERT_EQ(k.units.size(), 3u);
+  for (int i = 0; i < 2; ++i) {
+    EXPECT_EQ(k.units[size_t(i)].block_begin, 0);
+    EXPECT_EQ(k.units[size_t(i)].num_tokens, 32);
+    EXPECT_EQ(k.units[size_t(i)].rows, 64);
+    EXPECT_EQ(k.units[size_t(i)].kv_shared, 1);
+    EXPECT_EQ(k.units[size_t(i)].second_tokens, 0);
+    EXPECT_EQ(k.queries[size_t(k.units[size_t(i)].query_begin)].seq, 8 * i);
+  }
+  EXPECT_EQ(k.units[2].rows, 128);
+  EXPECT_EQ(k.units[2].num_tokens, 65);
+  EXPECT_EQ(k.queries[size_t(k.units[2].query_begin) + 15].seq, 31);
+}
+
+TEST(PrefixSchedule, RunsEveryItemOnceLongestFirst) {
+  // 3 CTAs. Unit 0: 256 tokens of 128 rows (cost 8); then eight one-tile units (cost 1 each), one
+  // kv head. A round-robin would give CTA 0 the long unit and three of the short ones (11); the
+  // schedule gives it the long one alone, the short ones to CTAs 1 and 2 (4 each).
+  std::vector<KernelUnit> units;
+  units.push_back({.block_begin = 0, .num_tokens = 256, .query_begin = 0, .rows = 128, .first_rows = 128});
+  for (int i = 0; i < 8; ++i) units.push_back({.block_begin = 0, .num_tokens = 48, .query_begin = 0, .rows = 8, .first_rows = 8});
+  const PrefixSchedule schedule = prefix_schedule(units, 1, 3);
+  ASSERT_EQ(schedule.ctas, 3);
+  ASSERT_EQ(schedule.slots.size(), 12u);  // 4 rounds
+  EXPECT_EQ(schedule.slots[0], 0);
+  for (size_t n = 1; n < 4; ++n) EXPECT_EQ(schedule.slots[n * 3], -1);
+  for (int cta = 1; cta < 3; ++cta) {
+    for (size_t n = 0; n < 4; ++n) EXPECT_GE(schedule.slots[size_t(cta) + n * 3], 1);
+  }
+
+  // Random units x 4 kv heads over 132 CTAs: every item once, each CTA's items before its -1s,
+  // and the most loaded CTA within one unit's cost of the mean (list scheduling's bound).
+  std::mt19937 rng(7);
+  units.clear();
+  int64_t total = 0, largest = 0;
+  for (int i = 0; i < 500; ++i) {
+    const int32_t tokens = 1 + int32_t(rng() % 700), rows = 1 + int32_t(rng() % 128);
+    const bool pair = tokens <= 32 && rows <= 64 && rng() % 2;
+    units.push_back({.block_begin = 0, .num_tokens = tokens, .query_begin = 0, .rows = rows,
+                     .second_tokens = pair ? 16 : 0, .first_rows = rows});
+    const int64_t cost = (pair ? 1 : (tokens + 63) / 64) * (rows > 64 ? 2 : 1);
+    total += 4 * cost;
+    largest = std::max(largest, cost);
+  }
+  const PrefixSchedule random = prefix_schedule(units, 4, 132);
+  ASSERT_EQ(random.ctas, 132);
+  std::vector<int> seen(units.size() * 4, 0);
+  int64_t most = 0;
+  for (int cta = 0; cta < random.ctas; ++cta) {
+    bool ended = false;
+    int64_t load = 0;
+    for (size_t slot = size_t(cta); slot < random.slots.size(); slot += size_t(random.ctas)) {
+      const int32_t item = random.slots[slot];
+      if (item < 0) {
+        ended = true;
+        continue;
+      }
+      EXPECT_FALSE(ended) << "CTA " << cta << " has an item after its end";
+      ASSERT_LT(size_t(item), seen.size());
+      ++seen[size_t(item)];
+      const KernelUnit& u = units[size_t(item / 4)];
+      load += (u.second_tokens > 0 ? 1 : (u.num_tokens + 63) / 64) * (u.rows > 64 ? 2 : 1);
+    }
+    most = std::max(most, load);
+  }
+  for (size_t i = 0; i < seen.size(); ++i) EXPECT_EQ(seen[i], 1) << "item " << i;
+  EXPECT_LE(most, total / 132 + largest);
+
+  EXPECT_EQ(prefix_schedule({}, 8, 132).ctas, 0);
+  EXPECT_EQ(prefix_schedule(std::vector<KernelUnit>(2, units[0]), 8, 132).ctas, 16);  // fewer items than workers
 }
 
 // ---- Random forests, small enough for the CPU executor over the whole batch.

@@ -5,6 +5,8 @@
 #include <algorithm>
 #include <climits>
 #include <numbers>
+#include <numeric>
+#include <queue>
 
 #include "pagoda/backend/cuda/check.h"
 #include "pagoda/backend/cuda/decode_attention.h"
@@ -34,23 +36,22 @@ PrefixTiles prefix_tiles(const attention::AttentionShape& shape, DType dtype) {
   const double peak_bandwidth = double(device_attribute(cudaDevAttrMemoryClockRate)) * 1e3 * 2 *
                                 device_attribute(cudaDevAttrGlobalMemoryBusWidth) / 8;
   const int64_t row_bytes = int64_t(shape.head_dim) * int64_t(dtype_size(dtype));
-  PrefixTiles tiles{.kv_tile_tokens = kernel.tile_tokens, .stages = kernel.stages, .ctas_per_sm = kernel.ctas_per_sm};
+  PrefixTiles tiles{.kv_tile_tokens = kernel.tile_tokens,
+                    .one_tile_rows = kernel.one_tile_rows,
+                    .stages = kernel.stages,
+                    .ctas_per_sm = kernel.ctas_per_sm};
   tiles.workers = sms * std::max(kernel.ctas_per_sm, 1);
   tiles.bytes_in_flight = int64_t(tiles.workers) * kernel.stages * 2 * kernel.tile_tokens * row_bytes;
   tiles.latency_bandwidth_bytes = int64_t(kMemoryLatencySeconds * peak_bandwidth);
   for (int32_t m : {16, 32, 64, 128}) {
-    // ① The Q slot of an M-row tile in every stage, next to the kernel's K/V tiles and ⊕ buffer.
-    const int64_t smem = kernel.smem_bytes + int64_t(kernel.stages) * (m - kernel.max_rows) * row_bytes;
+    // ① The compiled kernel's shared memory (its Q slots take any of these tiles, M = 128 in two
+    // stages) and registers (one m16 fragment per computing warp).
     std::string why;
-    if (smem > smem_limit) {
-      why = fmt::format("{} B of shared memory > {} (constraint 1)", smem, smem_limit);
-    } else if (m > kernel.max_rows) {
-      // More rows than the 4 computing warps' one m16 fragment each: every further fragment per
-      // warp holds another O accumulator and Q fragment in registers.
-      const int extra_fragments = m / (16 * 4) - 1;
-      const int registers = kernel.registers + extra_fragments * (shape.head_dim / 8 * 4 + shape.head_dim / 16 * 4);
-      why = registers > 255 ? fmt::format("~{} registers per thread > 255 (constraint 1)", registers)
-                            : fmt::format("fits (~{} registers) but is not instantiated: one kernel per head_dim", registers);
+    if (m > kernel.max_rows) {
+      why = fmt::format("more than the kernel's {} rows: one m16 fragment per computing warp (constraint 1)",
+                        kernel.max_rows);
+    } else if (kernel.smem_bytes > smem_limit) {
+      why = fmt::format("{} B of shared memory > {} (constraint 1)", kernel.smem_bytes, smem_limit);
     } else if (kernel.spill_bytes > 0) {
       why = fmt::format("the kernel spills {} B per thread (constraint 1)", kernel.spill_bytes);
     } else if (tiles.bytes_in_flight < tiles.latency_bandwidth_bytes) {
@@ -112,8 +113,8 @@ static void check_plan(const attention::PrefixPlan& plan, const attention::Decod
   }
 }
 
-KernelUnits kernel_units(const attention::PrefixPlan& plan, int32_t block_size, int32_t max_rows) {
-  constexpr int32_t kHalfTile = 32;
+KernelUnits kernel_units(const attention::PrefixPlan& plan, int32_t block_size, int32_t one_tile_rows) {
+  constexpr int32_t kTile = 64, kHalfTile = kTile / 2;
   const auto pairable = [&](const attention::PrefixUnit& u) { return block_size <= kHalfTile && u.num_tokens <= kHalfTile; };
   KernelUnits k;
   k.units.reserve(plan.units.size());
@@ -122,10 +123,27 @@ KernelUnits kernel_units(const attention::PrefixPlan& plan, int32_t block_size, 
     k.queries.insert(k.queries.end(), plan.unit_queries.begin() + u.query_begin,
                      plan.unit_queries.begin() + u.query_begin + u.num_queries);
   };
+  const int32_t one_tile_queries = std::max(one_tile_rows / std::max(plan.group, 1), 1);
   bool open_pair = false;  // the last kernel unit is a pairable unit still alone
-  for (const attention::PrefixUnit& u : plan.units) {
+  for (attention::PrefixUnit u : plan.units) {
+    if (u.num_tokens <= kTile && u.num_queries * plan.group > one_tile_rows) {
+      // Cut in two: the first unit's queries, then the rest's, each reading the tile.
+      k.units.push_back({.block_begin = u.block_begin,
+                         .num_tokens = u.num_tokens,
+                         .query_begin = int32_t(k.queries.size()),
+                         .rows = one_tile_queries * plan.group,
+                         .kv_shared = true,
+                         .second_block_begin = 0,
+                         .second_tokens = 0,
+                         .first_rows = one_tile_queries * plan.group});
+      append_queries({.query_begin = u.query_begin, .num_queries = one_tile_queries});
+      u.query_begin += one_tile_queries;
+      u.num_queries -= one_tile_queries;
+      u.kv_shared = true;
+      open_pair = false;
+    }
     const int32_t rows = u.num_queries * plan.group;
-    if (open_pair && pairable(u) && k.units.back().rows + rows <= max_rows) {
+    if (open_pair && pairable(u) && k.units.back().rows + rows <= one_tile_rows) {
       KernelUnit& first = k.units.back();
       first.second_block_begin = u.block_begin;
       first.second_tokens = u.num_tokens;
@@ -149,12 +167,54 @@ KernelUnits kernel_units(const attention::PrefixPlan& plan, int32_t block_size, 
   return k;
 }
 
+PrefixSchedule prefix_schedule(const std::vector<KernelUnit>& units, int32_t num_kv_heads, int32_t workers) {
+  constexpr int64_t kTileTokens = 64, kOneStageRows = 64;
+  const auto cost = [&](const KernelUnit& u) {
+    const int64_t span = u.second_tokens > 0 ? kTileTokens : u.num_tokens;
+    return (span + kTileTokens - 1) / kTileTokens * (u.rows > kOneStageRows ? 2 : 1);
+  };
+  std::vector<int32_t> order(units.size());
+  std::iota(order.begin(), order.end(), 0);
+  std::ranges::stable_sort(order, [&](int32_t a, int32_t b) { return cost(units[size_t(a)]) > cost(units[size_t(b)]); });
+  const int64_t num_items = int64_t(units.size()) * num_kv_heads;
+  PrefixSchedule schedule;
+  schedule.ctas = int32_t(std::min<int64_t>(num_items, std::max(workers, 1)));
+  // The least loaded CTA on top, the lowest index among equals: the first round is a round-robin.
+  std::priority_queue<std::pair<int64_t, int32_t>, std::vector<std::pair<int64_t, int32_t>>, std::greater<>> loads;
+  for (int32_t c = 0; c < schedule.ctas; ++c) loads.push({0, c});
+  std::vector<std::pair<int32_t, int32_t>> assigned;  // (cta, item) in assignment order
+  assigned.reserve(size_t(num_items));
+  std::vector<int32_t> count(size_t(schedule.ctas), 0);
+  for (int32_t u : order) {
+    for (int32_t h = 0; h < num_kv_heads; ++h) {
+      const auto [load, cta] = loads.top();
+      loads.pop();
+      loads.push({load + cost(units[size_t(u)]), cta});
+      assigned.push_back({cta, u * num_kv_heads + h});
+      ++count[size_t(cta)];
+    }
+  }
+  const int32_t rounds = count.empty() ? 0 : *std::ranges::max_element(count);
+  schedule.slots.assign(size_t(rounds) * size_t(schedule.ctas), -1);
+  std::ranges::fill(count, 0);
+  for (const auto& [cta, item] : assigned) schedule.slots[size_t(cta) + size_t(count[size_t(cta)]++) * size_t(schedule.ctas)] = item;
+  return schedule;
+}
+
 void PrefixWorkspace::upload(const attention::PrefixPlan& plan, const attention::DecodeBatch& batch,
                              const attention::AttentionShape& shape, const PrefixTiles& tiles,
                              cudaStream_t stream) {
   check_plan(plan, batch, shape, tiles);
-  const KernelUnits kernel = kernel_units(plan, shape.block_size, tiles.m_tiles.back());
+  const KernelUnits kernel = kernel_units(plan, shape.block_size, tiles.one_tile_rows);
+  const int64_t num_items = int64_t(kernel.units.size()) * shape.num_kv_heads;
+  if (num_items > INT32_MAX) fail(ErrorKind::kInvalidArgument, "prefix attention: {} work items", num_items);
   units.upload(kernel.units, stream);
+  const PrefixSchedule plan_schedule = prefix_schedule(kernel.units, shape.num_kv_heads, tiles.workers);
+  if (plan_schedule.slots.size() > size_t(INT32_MAX)) {
+    fail(ErrorKind::kInvalidArgument, "prefix attention: a schedule of {} slots", plan_schedule.slots.size());
+  }
+  schedule.upload(plan_schedule.slots, stream);
+  ctas = plan_schedule.ctas;
   unit_queries.upload(kernel.queries, stream);
   merges.upload(plan.merges, stream);
   max_partials = attention::max_partials(plan.merges);
@@ -163,7 +223,6 @@ void PrefixWorkspace::upload(const attention::PrefixPlan& plan, const attention:
   head_dim = shape.head_dim;
   num_pieces = plan.num_pieces;
   num_kv_heads = shape.num_kv_heads;
-  workers = tiles.workers;
   const size_t group = size_t(std::max(group_size, 1));
   partial_o.resize(size_t(plan.num_partials()) * group * size_t(std::max(head_dim, 0)));
   partial_lse.resize(size_t(plan.num_partials()) * group);
@@ -182,9 +241,7 @@ void prefix_attention(PrefixWorkspace& workspace, const attention::AttentionShap
     fail(ErrorKind::kInvalidArgument, "prefix attention: the workspace was uploaded for {} kv heads, not {}",
          workspace.num_kv_heads, shape.num_kv_heads);
   }
-  const int64_t num_items = int64_t(workspace.units.size()) * shape.num_kv_heads;
-  if (num_items > INT32_MAX) fail(ErrorKind::kInvalidArgument, "prefix attention: {} work items", num_items);
-  if (num_items > 0) {
+  if (workspace.ctas > 0) {
     const PrefixParams params{
         .units = workspace.units.data(),
         .unit_queries = workspace.unit_queries.data(),
@@ -195,15 +252,15 @@ void prefix_attention(PrefixWorkspace& workspace, const attention::AttentionShap
         .lse = lse,
         .partial_o = workspace.partial_o.data(),
         .partial_lse = workspace.partial_lse.data(),
-        .num_items = int32_t(num_items),
+        .schedule = workspace.schedule.data(),
+        .num_slots = int32_t(workspace.schedule.size()),
         .num_q_heads = shape.num_q_heads,
         .num_kv_heads = shape.num_kv_heads,
         .group = shape.group_size(),
         .num_pieces = workspace.num_pieces,
         .scale_log2 = shape.softmax_scale * std::numbers::log2e_v<float>,
     };
-    const int grid = int(std::min<int64_t>(num_items, std::max(workspace.workers, 1)));
-    launch_prefix_tiled(kv.dtype, shape.head_dim, params, grid, stream);
+    launch_prefix_tiled(kv.dtype, shape.head_dim, params, workspace.ctas, stream);
   }
   merge_partial_states(workspace.merges.data(), int(workspace.merges.size()), workspace.max_partials,
                        shape.num_kv_heads, workspace.num_pieces, shape.group_size(), shape.num_q_heads,

@@ -20,12 +20,12 @@ namespace pagoda::cuda {
 // The tile selector's table for one shape on the current device: which M tiles (query rows per
 // work item) the kernel can run, derived from the PAT paper's constraints, and how many workers
 // the persistent grid has. The KV tile is fixed at 64 tokens per stage; the M tile decides how
-// the 4 warps split it (M / 16 warps own 16 rows each, the others split the tokens).
-//   ① shared memory: stages x (K + V tile + an M-row Q slot) + the warps' ⊕ buffer must fit a
-//     CTA's opt-in limit; registers: one m16 fragment per warp (M <= 64) keeps the kernel under
-//     255 registers without spilling (checked on the compiled kernel); M = 128 would need two
-//     fragments per warp, 64 more accumulator and 32 more Q registers per thread, past that limit
-//     at head_dim 128.
+// the computing warps split it (M / 16 warps own 16 rows each; up to 64 rows, 4 warps, the others
+// splitting the tokens; at 128, 8 warps).
+//   ① shared memory: stages x (K + V tile + a 64-row Q slot) + the warps' ⊕ buffer must fit a
+//     CTA's opt-in limit (M = 128 items span two tiles and carry their Q in two stages);
+//     registers: one m16 fragment per warp keeps the consumers within the 200 registers the
+//     producers leave them without spilling (checked on the compiled kernel).
 //   ② bytes in flight: SMs x CTAs x stages x KV tile bytes (the loading warp fills every stage
 //     ahead of the computing ones) >= latency x bandwidth (1 µs x the device's peak), so that the
 //     pipeline alone can saturate memory.
@@ -33,6 +33,7 @@ namespace pagoda::cuda {
 struct PrefixTiles {
   std::vector<int32_t> m_tiles;  // feasible, ascending
   int32_t kv_tile_tokens = 0;
+  int32_t one_tile_rows = 0;  // the most query rows of an item of one KV tile (kernel_units)
   int32_t stages = 0;
   int32_t ctas_per_sm = 0;
   int32_t workers = 0;  // SMs x CTAs per SM: the persistent grid
@@ -54,17 +55,30 @@ const char* prefix_shape_unsupported_reason(const attention::AttentionShape& sha
 const char* prefix_unsupported_reason(const attention::AttentionShape& shape, const PagedKv& kv);
 
 // The plan's units as the kernel runs them, in the plan's order, each unit's queries copied after
-// the previous one's. Two consecutive units of at most 32 tokens each, with at most max_rows
-// query rows together (short private leaves; short shared nodes of a few queries), become one
-// pair sharing a 64-token KV tile: the loading and computing warps' work per tile is much the
-// same for 32 tokens as for 64, and a tile of 32 reached 0.62 of the bandwidth at 1024 x 32
-// tokens on an H100 where one of 64 reached 0.91. Only with blocks of at most 32 tokens (a tile
-// holds whole blocks of each unit).
+// the previous one's. Two consecutive units of at most 32 tokens each, with at most
+// one_tile_rows query rows together (short private leaves; short shared nodes of a few queries),
+// become one pair sharing a 64-token KV tile: the loading and computing warps' work per tile is
+// much the same for 32 tokens as for 64, and a tile of 32 reached 0.62 of the bandwidth at
+// 1024 x 32 tokens on an H100 where one of 64 reached 0.91. Only with blocks of at most 32
+// tokens (a tile holds whole blocks of each unit). A unit of one tile (at most 64 tokens) with
+// more than one_tile_rows rows is cut into two that read the tile each: a stage holds the Q rows
+// of one tile's item, and a longer item's further rows ride with its second tile.
 struct KernelUnits {
   std::vector<KernelUnit> units;
   std::vector<attention::UnitQuery> queries;
 };
-KernelUnits kernel_units(const attention::PrefixPlan& plan, int32_t block_size, int32_t max_rows);
+KernelUnits kernel_units(const attention::PrefixPlan& plan, int32_t block_size, int32_t one_tile_rows);
+
+// Which CTA of the persistent grid runs which item (kernel unit x kv head): longest processing
+// time first. Items in order of falling cost go each to the CTA with the least cost so far; a
+// unit's cost is its 64-token tiles, twice that above 64 rows (eight computing warps on a tile
+// take about twice the time of four). A round-robin over the plan's order (longest units first)
+// gave the CTAs that drew the long shared units as many short tails as the others.
+struct PrefixSchedule {
+  std::vector<int32_t> slots;  // CTA c's n-th item at c + n * ctas; -1 past its last
+  int32_t ctas = 0;            // min(items, workers)
+};
+PrefixSchedule prefix_schedule(const std::vector<KernelUnit>& units, int32_t num_kv_heads, int32_t workers);
 
 // What a step's prefix attention reads from device memory, uploaded once per step and shared by
 // every layer.
@@ -80,12 +94,13 @@ struct PrefixWorkspace {
   int32_t num_pieces = 0;
   int32_t max_partials = 0;  // of any merge task
   int32_t num_kv_heads = 0;
-  int32_t workers = 0;  // the persistent grid, from the tiles the plan was made for
+  DeviceArray<int32_t> schedule;  // PrefixSchedule::slots
+  int32_t ctas = 0;  // the persistent grid: PrefixSchedule::ctas, for the tiles' workers
   int32_t min_block_id = 0;
   int32_t max_block_id = -1;
 
   // Throws Error(kInvalidArgument) when the plan is not one the kernel can run for this batch and
-  // shape (plan_prefix with prefix_plan_options(tiles) always is).
+  // shape (plan_prefix with prefix_plan_options(tiles) always is), or has more than 2^31 items.
   void upload(const attention::PrefixPlan& plan, const attention::DecodeBatch& batch,
               const attention::AttentionShape& shape, const PrefixTiles& tiles, cudaStream_t stream = nullptr);
 };
@@ -93,8 +108,7 @@ struct PrefixWorkspace {
 // Runs the uploaded plan, then its merges. Arguments as decode_attention (decode_attention.h):
 //   q, out: [num_seqs, num_q_heads, head_dim] of kv.dtype; lse: [num_seqs, num_q_heads] fp32 or null.
 // Throws Error(kUnsupported) with prefix_unsupported_reason, Error(kInvalidArgument) when the
-// workspace was uploaded for another shape or names blocks outside the pool, or the plan has more
-// than 2^31 items.
+// workspace was uploaded for another shape or names blocks outside the pool.
 void prefix_attention(PrefixWorkspace& workspace, const attention::AttentionShape& shape, const PagedKv& kv,
                       const void* q, void* out, float* lse, cudaStream_t stream = nullptr);
 

@@ -17,6 +17,7 @@ struct PrefixKernelResources {
   int stages;
   int tile_tokens;
   int max_rows;
+  int one_tile_rows;  // the most rows of an item of one KV tile: a stage's Q slot
   int registers;     // per thread
   int spill_bytes;   // local memory per thread: 0 unless registers spilled
   int ctas_per_sm;

@@ -1,6 +1,7 @@
 // What prefix_tiled_kernel reads: a PrefixPlan's units as kernel units (prefix_attention.h's
 // kernel_units) over one layer's paged pools (item i is kernel unit i / num_kv_heads for kv head
-// i % num_kv_heads), and where each item's states go. Plain data, filled on the host and taken by
+// i % num_kv_heads), which CTA runs which items (prefix_schedule), and where each item's states
+// go. Plain data, filled on the host and taken by
 // value by the kernel.
 #pragma once
 
@@ -35,7 +36,8 @@ struct PrefixParams {
   float* lse;          // [num_seqs, num_q_heads] or null
   void* partial_o;     // [num_kv_heads * num_pieces, group, head_dim] T
   float* partial_lse;  // [num_kv_heads * num_pieces, group]
-  int32_t num_items;  // kernel units x kv heads
+  const int32_t* schedule;  // [num_slots]: CTA c's n-th item at c + n * gridDim.x, -1 past its last
+  int32_t num_slots;
   int32_t num_q_heads;
   int32_t num_kv_heads;
   int32_t group;

@@ -1,7 +1,8 @@
 // prefix_tiled_kernel: prefix-aware decode attention (papers/pat-prefix-aware-attention.txt), the
-// executor of a PrefixPlan. A persistent grid: CTA c runs items c, c + gridDim.x, ... of the plan
-// in order, and its K/V pipeline flows across item boundaries, so a CTA whose items are short
-// (a 32-token private tail) never waits for a launch, a first load or a drain between them.
+// executor of a PrefixPlan. A persistent grid: CTA c runs the items the schedule gives it
+// (prefix_schedule: longest processing time first), in order, and its K/V pipeline flows across
+// item boundaries, so a CTA whose items are short (a 32-token private tail) never waits for a
+// launch, a first load or a drain between them.
 //
 // An item is one unit of queries (rows = queries x GQA group, at most kMaxRows) over one run of
 // KV tokens of one kv head, or a pair of units of at most 32 tokens each (KernelUnit): the first's
@@ -10,17 +11,22 @@
 // Tensor cores, FlashAttention-2 style, the rows on the M side:
 //   S [16 rows x 16 tokens]  = Q [16 x d] . K^T          (mma m16n8k16; B = K rows, ldmatrix)
 //   O [16 rows x d]         += P [16 x 16 tokens] . V    (P from S's accumulators; V by ldmatrix.trans)
-// The item's M tile (16, 32 or 64 rows, the tile selector's choice) sets how the 4 computing
-// warps share a 64-token KV tile: warps_m = M / 16 warps own 16 rows each, and the 4 / warps_m
-// warps of one row block split the tile's tokens (a warp that owns the whole tile computes its
-// 64 tokens at once). Each warp keeps its own online-softmax state (exp2 domain, rescaled
-// lazily: online_softmax.cuh); at the end of an item the warps of a row block merge with ⊕
-// through shared memory and write the output rows, or the partial states the plan's merges fold.
-// A solo item (one tile, at most 16 rows: a short private tail) is computed whole by one warp,
-// chosen round-robin by stage, while the others go on to the next stages: four such items
-// proceed at once, and none waits on a barrier.
+// The item's M tile (16, 32, 64 or 128 rows, the tile selector's choice) sets how the computing
+// warps share a 64-token KV tile. At M = 128 each of the 8 owns 16 rows and the whole tile. At
+// most 64 rows, the first 4 share it: warps_m = M / 16 of them own 16 rows each, and the
+// 4 / warps_m warps of one row block split the tile's tokens. M = 128 halves the times a node
+// read by many queries streams through the SM at GQA groups of 4 and 8 (each chunk of rows reads
+// it again); with 4 warps, the other 4 pass the stages by (two warps of one scheduler splitting
+// a tile's tokens, or taking its tiles in turn, measured slower: the ⊕ and its barriers cost more
+// than the second warp's latency hiding gave). Each warp keeps its own online-softmax state (exp2
+// domain, rescaled lazily: online_softmax.cuh); at the end of an item the warps of a row block
+// merge with ⊕ through shared memory and write the output rows, or the partial states the
+// plan's merges fold. A solo item (one tile, at most 16 rows: a short private tail) is computed
+// whole by one warp, chosen round-robin by stage, while the others go on to the next stages:
+// four such items proceed at once, and none waits on a barrier.
 //
-// Warp roles. Four more warps, the producers, only move data: they run up to kStages tiles ahead
+// Warp roles. Four more warps, the producers, only move data, and give the consumers their
+// registers (setmaxnreg): they run up to kStages tiles ahead
 // of the computing warps (the consumers), so that a stall on their own loads never stalls the math,
 // and kStages tiles of K and V (128 KB at head_dim 128) are in flight per SM. Stage s has a
 // "full" mbarrier (the producer's copies landed: cp.async arrivals, plus its plain arrivals after
@@ -30,8 +36,9 @@
 // rings, and the plan's units 32 items ahead, one per lane. So the only loads any warp waits on
 // are ones it issued several tiles earlier.
 //
-// An item's first tile carries its Q rows in the stage's Q slot (zero past the item's rows); the
-// consumers copy them into registers when they compute that tile. 16-byte chunk c of every shared
+// An item's first tile carries its Q rows in the stage's Q slot (zero past the item's rows), its
+// second tile rows 64 to 127 (kernel_units gives an item of more than 64 rows at least two
+// tiles); the consumers copy them into registers when they compute the item's first tile. 16-byte chunk c of every shared
 // row r is stored at chunk c ^ (r % 8), so the 8 row addresses of each ldmatrix hit distinct bank
 // groups. KV that other items also read (kv_shared: one node's row chunks) is first prefetched
 // into L2 marked evict_last, one instruction per 128-byte line.
@@ -63,7 +70,10 @@ struct alignas(8) PrefixTileDesc {  // 8: the mbarriers after the descriptor arr
 
 template <int kHeadDim>
 struct PrefixTiledConfig {
-  static constexpr int kConsumerWarps = 4;
+  // Eight computing warps: all of them on an item of more than 64 rows, one 16-row block each;
+  // the first four on the others.
+  static constexpr int kConsumerWarps = 8;
+  static constexpr int kItemWarps = 4;  // the warps of an item of at most kStageQRows rows
   // Copies are spread over 4 loading warps: one warp alone cannot keep 128 KB of cp.async in
   // flight (it ran at 0.35 of the bandwidth at 256 x 4K on an H100).
   static constexpr int kProducerWarps = 4;
@@ -72,26 +82,31 @@ struct PrefixTiledConfig {
   static constexpr int kProducerThreads = kProducerWarps * 32;
   static constexpr int kTileTokens = 64;
   static constexpr int kMaxRows = kConsumerWarps * 16;  // one m16 fragment per warp (prefix_attention.h)
+  // A stage's Q slot holds 64 rows: an item of more rows spans at least two tiles
+  // (kernel_units), and its rows from 64 on ride in its second tile's stage.
+  static constexpr int kStageQRows = kItemWarps * 16;
   static constexpr int kChunksPerRow = kHeadDim / 8;     // 16-byte chunks
   static constexpr int kRowBytes = kHeadDim * 2;
   static constexpr int kKvTileBytes = kTileTokens * kRowBytes;  // K or V of one tile
-  static constexpr int kQBytes = kMaxRows * kRowBytes;
+  static constexpr int kQBytes = kStageQRows * kRowBytes;
   static constexpr int kStageBytes = 2 * kKvTileBytes + kQBytes;
   static constexpr int kStages = 4;
   static constexpr int kLookahead = 4;  // tiles between the producer's metadata reads and its copies
   // Items whose (sequence, piece) lists are live at once: those between the look-ahead and the
   // consumers, at most kLookahead + kStages + 1 of them (one-tile items).
   static constexpr int kQuerySlots = 12;
-  // The ⊕ of the warps that split a tile's tokens: 3 warps hand over 16 rows of o, then 16 maxima
-  // and 16 sums. Rows are padded to kReduceStride floats: with 8 floats of padding, the 16 lanes
-  // of each half-warp's 8-byte accesses (4 rows x 4 column pairs) fall in distinct banks.
+  // Registers: the producers give theirs to the consumers (S, O and Q fragments).
+  static constexpr int kProducerRegisters = 104;
+  static constexpr int kConsumerRegisters = 200;
+  // The ⊕ of the warps that split a tile's tokens: 3 warps hand over 16 rows of o / sum (in T, as
+  // the plan's partial states), then 16 maxima and 16 sums. Rows are padded to kReduceStride
+  // elements (68 words): the 4-byte accesses of a warp's 8 rows x 4 columns fall in distinct banks.
   static constexpr int kReduceStride = kHeadDim + 8;
-  static constexpr int kReduceSlotFloats = 16 * kReduceStride + 32;
-  static constexpr int kReduceFloats = (kConsumerWarps - 1) * kReduceSlotFloats;
+  static constexpr int kReduceSlotBytes = 16 * kReduceStride * 2 + 32 * 4;
 
   // Shared memory, in this order.
   static constexpr int kReduceOffset = kStages * kStageBytes;
-  static constexpr int kQueryRingOffset = kReduceOffset + kReduceFloats * 4;
+  static constexpr int kQueryRingOffset = kReduceOffset + (kItemWarps - 1) * kReduceSlotBytes;
   static constexpr int kDescRingOffset = kQueryRingOffset + kQuerySlots * kMaxRows * 8;
   static constexpr int kStageDescOffset = kDescRingOffset + (kLookahead + 1) * int(sizeof(PrefixTileDesc));
   static constexpr int kBarrierOffset = kStageDescOffset + kStages * int(sizeof(PrefixTileDesc));
@@ -99,13 +114,17 @@ struct PrefixTiledConfig {
 
   static_assert(kHeadDim % 64 == 0, "the swizzle needs at least 8 chunks per row");
   static_assert(kQuerySlots >= kLookahead + kStages + 1);
-  static_assert(kMaxRows == 64, "prefix_m_tile's largest M tile");
+  static_assert(kMaxRows == 128 && kStageQRows == 64, "prefix_m_tile's M tiles");
+  static_assert(kProducerThreads % 128 == 0 && kConsumerThreads % 128 == 0, "whole warpgroups");
+  static_assert(kProducerRegisters * kProducerThreads + kConsumerRegisters * kConsumerThreads <=
+                    65536 / kThreads / 8 * 8 * kThreads,
+                "within the registers of __launch_bounds__(kThreads, 1)");
   static_assert(kBarrierOffset % 8 == 0);
 };
 
-// An item's M tile: its query rows rounded up to 16, 32 or 64 (the tile selector's choice, which
-// kernel_units and the plan keep at most 64 rows).
-__device__ __forceinline__ int prefix_m_tile(int rows) { return rows <= 16 ? 16 : rows <= 32 ? 32 : 64; }
+// An item's M tile: its query rows rounded up to 16, 32, 64 or 128 (the tile selector's choice;
+// the plan keeps at most 128 rows).
+__device__ __forceinline__ int prefix_m_tile(int rows) { return rows <= 16 ? 16 : rows <= 32 ? 32 : rows <= 64 ? 64 : 128; }
 
 template <typename T, int kHeadDim>
 __global__ void __launch_bounds__(PrefixTiledConfig<kHeadDim>::kThreads, 1)
@@ -134,6 +153,7 @@ __global__ void __launch_bounds__(PrefixTiledConfig<kHeadDim>::kThreads, 1)
 
   if (warp >= C::kConsumerWarps) {
     // ---------------- The producers: the first warp also looks ahead ----------------
+    ptx::shrink_registers<C::kProducerRegisters>();
     const int producer = threadIdx.x - C::kConsumerThreads;
     const bool looks_ahead = warp == C::kConsumerWarps;
     // The plan's units, one item per lane: window items [window, window + 32) and the next 32.
@@ -143,13 +163,14 @@ __global__ void __launch_bounds__(PrefixTiledConfig<kHeadDim>::kThreads, 1)
       int32_t second_block_begin, pair_split, first_rows;
     };
     auto read_unit = [&](int n) {  // the CTA's n-th item
-      const int ordinal = int(blockIdx.x) + n * int(gridDim.x);
-      if (ordinal >= p.num_items) return Unit{0, 0, 0, 0, 0, -1, 0, 0, 0};
-      const KernelUnit& u = p.units[ordinal / p.num_kv_heads];
+      const int slot = int(blockIdx.x) + n * int(gridDim.x);
+      const int item = slot < p.num_slots ? __ldg(&p.schedule[slot]) : -1;
+      if (item < 0) return Unit{0, 0, 0, 0, 0, -1, 0, 0, 0};
+      const KernelUnit& u = p.units[item / p.num_kv_heads];
       const int second_tokens = __ldg(&u.second_tokens), num_tokens = __ldg(&u.num_tokens);
       const bool pair = second_tokens > 0;
       return Unit{__ldg(&u.block_begin), pair ? C::kTileTokens / 2 + second_tokens : num_tokens,
-                  __ldg(&u.query_begin), __ldg(&u.rows), __ldg(&u.kv_shared), ordinal % p.num_kv_heads,
+                  __ldg(&u.query_begin), __ldg(&u.rows), __ldg(&u.kv_shared), item % p.num_kv_heads,
                   __ldg(&u.second_block_begin), pair ? num_tokens : 0, __ldg(&u.first_rows)};
     };
     int window = 0;
@@ -234,7 +255,7 @@ __global__ void __launch_bounds__(PrefixTiledConfig<kHeadDim>::kThreads, 1)
     const T* const k_pool = static_cast<const T*>(p.pool.k) + chunk * 8 + row0 * p.pool.token_stride;
     const int64_t pass_stride = kRowsPerPass * p.pool.token_stride;
     const int64_t v_minus_k = static_cast<const T*>(p.pool.v) - static_cast<const T*>(p.pool.k);
-    // row / group for the Q rows (row < 64) without a division: (row * magic) >> 32.
+    // row / group for the Q rows (row < 128) without a division: (row * magic) >> 32.
     const uint64_t group_magic = (uint64_t(1) << 32) / uint32_t(p.group) + 1;
     auto copy_tile = [&](int step) -> bool {
       ptx::cp_async_wait<C::kLookahead - 1>();  // the look-ahead's copies for this tile landed
@@ -275,15 +296,17 @@ __global__ void __launch_bounds__(PrefixTiledConfig<kHeadDim>::kThreads, 1)
           ptx::cp_async_16(k_dst + pass * kRowsPerPass * C::kRowBytes, k_src, bytes);
           ptx::cp_async_16(v_dst + pass * kRowsPerPass * C::kRowBytes, k_src + v_minus_k, bytes);
         }
-        if (tile == 0) {
+        // Q rows [0, 64) with the item's first tile, the rest with its second.
+        if (tile == 0 || (tile == 1 && rows > C::kStageQRows)) {
           const uint32_t q_dst = v_dst + C::kKvTileBytes;
           const attention::UnitQuery* queries = query_ring + query_slot * C::kMaxRows;
-          const int q_rows = prefix_m_tile(rows);
+          const int q_end = min(prefix_m_tile(rows), (tile + 1) * C::kStageQRows);
           const T* q = static_cast<const T*>(p.q) + chunk * 8;
+          static_assert(kPasses * kRowsPerPass == C::kStageQRows, "a stage's Q rows in the passes of a tile");
 #pragma unroll
           for (int pass = 0; pass < kPasses; ++pass) {
-            const int row = row0 + pass * kRowsPerPass;
-            if (row >= q_rows) break;
+            const int row = tile * C::kStageQRows + row0 + pass * kRowsPerPass;
+            if (row >= q_end) break;
             const bool valid = row < rows;
             const int query = int((uint64_t(row) * group_magic) >> 32);
             const int64_t q_row = valid ? int64_t(queries[query].seq) * p.num_q_heads + int64_t(kv_head) * p.group +
@@ -322,11 +345,11 @@ __global__ void __launch_bounds__(PrefixTiledConfig<kHeadDim>::kThreads, 1)
   }
 
   // ---------------- The consumers ----------------
+  ptx::grow_registers<C::kConsumerRegisters>();
   constexpr int kDimSteps = kHeadDim / 16;  // k steps of S = Q K^T
   constexpr int kDimTiles = kHeadDim / 8;   // n tiles of O
   const int g = lane / 4;  // mma fragment row
   const int t = lane % 4;  // mma fragment column pair
-  float* reduce = reinterpret_cast<float*>(smem + C::kReduceOffset);
 
   // The item being computed and this warp's share of it: rows 16 wm.., tokens slice wn.
   int num_tokens = 0, rows = 0, kv_head = 0, query_slot = 0;
@@ -336,9 +359,11 @@ __global__ void __launch_bounds__(PrefixTiledConfig<kHeadDim>::kThreads, 1)
   float o_acc[kDimTiles][4];
   float row_max[2], row_sum[2];  // rows g, g + 8 of the warp's 16; exp2 domain; lane-partial sums
 
-  auto start_item = [&](int stage, bool solo, int pair_split, int first_rows) {
+  // q_stage: the stage holding the Q slot of the warp's rows (an item's second tile's for rows
+  // from 64 on).
+  auto start_item = [&](int stage, int q_stage, bool solo, int pair_split, int first_rows) {
     warps_m = prefix_m_tile(rows) / 16;
-    warps_n = solo ? 1 : C::kConsumerWarps / warps_m;
+    warps_n = solo || warps_m > C::kItemWarps ? 1 : C::kItemWarps / warps_m;
     wm = solo ? 0 : warp % warps_m;
     wn = solo ? 0 : warp / warps_m;
     slice = C::kTileTokens / warps_n;
@@ -348,12 +373,13 @@ __global__ void __launch_bounds__(PrefixTiledConfig<kHeadDim>::kThreads, 1)
       token_begin[h] = pair_split == 0 || first ? 0 : C::kTileTokens / 2;
       token_end[h] = pair_split == 0 ? num_tokens : first ? pair_split : num_tokens;
     }
-    const uint32_t q_src = stage_base(stage) + 2 * C::kKvTileBytes;
+    const uint32_t q_src = stage_base(q_stage) + 2 * C::kKvTileBytes;
+    const int q_row = wm * 16 % C::kStageQRows;
     const int i = lane / 8;  // which of ldmatrix's four matrices this lane addresses
 #pragma unroll
     for (int ks = 0; ks < kDimSteps; ++ks) {
-      // A fragments: rows 16 wm + [0, 8) and + [8, 16), dims 16 ks + [0, 8) then + [8, 16).
-      ptx::ldmatrix_x4(q_frag[ks], q_src + swizzled(wm * 16 + (i & 1) * 8 + (lane & 7), 2 * ks + (i >> 1)));
+      // A fragments: rows q_row + [0, 8) and + [8, 16), dims 16 ks + [0, 8) then + [8, 16).
+      ptx::ldmatrix_x4(q_frag[ks], q_src + swizzled(q_row + (i & 1) * 8 + (lane & 7), 2 * ks + (i >> 1)));
     }
 #pragma unroll
     for (int n = 0; n < kDimTiles; ++n) o_acc[n][0] = o_acc[n][1] = o_acc[n][2] = o_acc[n][3] = 0.f;
@@ -420,34 +446,32 @@ __global__ void __launch_bounds__(PrefixTiledConfig<kHeadDim>::kThreads, 1)
       row_sum[h] += __shfl_xor_sync(0xffffffffu, row_sum[h], 1);
       row_sum[h] += __shfl_xor_sync(0xffffffffu, row_sum[h], 2);
     }
-    if (warps_n > 1) {  // uniform over the consumers: every one reaches both barriers
-      constexpr int kMax = 16 * C::kReduceStride;  // then 16 maxima, then 16 sums
+    if (warps_n > 1) {  // uniform over the item's warps: every one reaches both barriers
+      constexpr int kStats = 16 * C::kReduceStride * 2;  // byte offset of 16 maxima, then 16 sums
+      auto slot = [&](int j) { return smem + C::kReduceOffset + ((j - 1) * warps_m + wm) * C::kReduceSlotBytes; };
+      auto word = [&](uint8_t* s, int n, int h) {
+        return reinterpret_cast<uint32_t*>(s + ((g + 8 * h) * C::kReduceStride + 8 * n + 2 * t) * 2);
+      };
+      auto stat = [&](uint8_t* s, int i) -> float& { return reinterpret_cast<float*>(s + kStats)[i]; };
       if (wn > 0) {
-        float* slot = reduce + ((wn - 1) * warps_m + wm) * C::kReduceSlotFloats;
+        uint8_t* const s = slot(wn);
 #pragma unroll
-        for (int n = 0; n < kDimTiles; ++n) {
+        for (int h = 0; h < 2; ++h) {
+          const float inv = row_sum[h] > 0.f ? 1.f / row_sum[h] : 0.f;  // 0: none of the row's tokens
 #pragma unroll
-          for (int h = 0; h < 2; ++h) {
-            *reinterpret_cast<float2*>(&slot[(g + 8 * h) * C::kReduceStride + 8 * n + 2 * t]) =
-                make_float2(o_acc[n][2 * h], o_acc[n][2 * h + 1]);
-          }
-        }
-        if (t == 0) {
-#pragma unroll
-          for (int h = 0; h < 2; ++h) {
-            slot[kMax + g + 8 * h] = row_max[h];
-            slot[kMax + 16 + g + 8 * h] = row_sum[h];
+          for (int n = 0; n < kDimTiles; ++n) *word(s, n, h) = ptx::pack2<T>(o_acc[n][2 * h] * inv, o_acc[n][2 * h + 1] * inv);
+          if (t == 0) {
+            stat(s, g + 8 * h) = row_max[h];
+            stat(s, 16 + g + 8 * h) = row_sum[h];
           }
         }
       }
-      ptx::named_barrier(1, C::kConsumerThreads);
+      ptx::named_barrier(1, C::kItemWarps * 32);
       if (wn == 0) {
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
           float max = row_max[h];
-          for (int j = 1; j < warps_n; ++j) {
-            max = fmaxf(max, reduce[((j - 1) * warps_m + wm) * C::kReduceSlotFloats + kMax + g + 8 * h]);
-          }
+          for (int j = 1; j < warps_n; ++j) max = fmaxf(max, stat(slot(j), g + 8 * h));
           const float own = exp2f(row_max[h] - max);
           float sum = row_sum[h] * own;
 #pragma unroll
@@ -456,12 +480,13 @@ __global__ void __launch_bounds__(PrefixTiledConfig<kHeadDim>::kThreads, 1)
             o_acc[n][2 * h + 1] *= own;
           }
           for (int j = 1; j < warps_n; ++j) {
-            const float* slot = reduce + ((j - 1) * warps_m + wm) * C::kReduceSlotFloats;
-            const float weight = exp2f(slot[kMax + g + 8 * h] - max);  // 0 for a warp with no token
-            sum += slot[kMax + 16 + g + 8 * h] * weight;
+            uint8_t* const s = slot(j);
+            // The warp's sum, weighted: 0 for a warp with no token (its maximum is -inf).
+            const float weight = stat(s, 16 + g + 8 * h) * exp2f(stat(s, g + 8 * h) - max);
+            sum += weight;
 #pragma unroll
             for (int n = 0; n < kDimTiles; ++n) {
-              const float2 o = *reinterpret_cast<const float2*>(&slot[(g + 8 * h) * C::kReduceStride + 8 * n + 2 * t]);
+              const float2 o = ptx::unpack2<T>(*word(s, n, h));
               o_acc[n][2 * h] += o.x * weight;
               o_acc[n][2 * h + 1] += o.y * weight;
             }
@@ -470,7 +495,7 @@ __global__ void __launch_bounds__(PrefixTiledConfig<kHeadDim>::kThreads, 1)
           row_sum[h] = sum;
         }
       }
-      ptx::named_barrier(1, C::kConsumerThreads);  // the buffer is free for the next item
+      ptx::named_barrier(1, C::kItemWarps * 32);  // the buffer is free for the next item
       if (wn > 0) return;
     }
     const attention::UnitQuery* queries = query_ring + query_slot * C::kMaxRows;
@@ -504,22 +529,23 @@ __global__ void __launch_bounds__(PrefixTiledConfig<kHeadDim>::kThreads, 1)
     const int tile = d.tile;
     const bool last = d.last;
     const bool solo = tile == 0 && last && d.rows <= 16;
-    const bool mine = !solo || warp == stage % C::kConsumerWarps;
+    const bool mine = solo ? warp == stage % C::kItemWarps : warp < C::kItemWarps || d.rows > C::kStageQRows;
     if (mine) {
       if (tile == 0) {
         num_tokens = d.num_tokens;
         rows = d.rows;
         kv_head = d.kv_head;
         query_slot = d.query_slot;
-        start_item(stage, solo, d.pair_split, d.first_rows);
+        int q_stage = stage;
+        if (warp >= C::kItemWarps) {  // rows from 64 on: their Q comes with the item's second tile
+          q_stage = (step + 1) % C::kStages;
+          ptx::mbarrier_wait(full_barrier(q_stage), ((step + 1) / C::kStages) & 1);
+        }
+        start_item(stage, q_stage, solo, d.pair_split, d.first_rows);
       }
       const int token0 = tile * C::kTileTokens;
       if (slice == 16) {  // four warps split the tile: one chunk each
         if (token0 + wn * 16 < num_tokens) compute_chunks.template operator()<1>(stage, wn * 16, token0);
-      } else if (slice == C::kTileTokens && token0 + C::kTileTokens / 2 < num_tokens) {
-        // The whole tile at once (its rows past the first 32 are copied): eight independent S
-        // chains and one softmax step keep one warp's tensor and exp2 pipes busier than two halves.
-        compute_chunks.template operator()<4>(stage, 0, token0);
       } else {
 #pragma unroll 1
         for (int first = wn * slice; first < (wn + 1) * slice && token0 + first < num_tokens; first += 32) {

@@ -82,6 +82,22 @@ __device__ __forceinline__ void mbarrier_wait(uint32_t bar, uint32_t parity) {
       : "memory");
 }
 
+// Moves registers between warpgroups (sm_90a): every warp of a warpgroup executes the same one,
+// the kernel's register count is fixed at compile time (__launch_bounds__ with a minimum of
+// blocks), and the warpgroups' counts sum to at most that count times their number.
+template <int kRegisters>
+__device__ __forceinline__ void grow_registers() {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;" ::"n"(kRegisters));
+#endif
+}
+template <int kRegisters>
+__device__ __forceinline__ void shrink_registers() {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;" ::"n"(kRegisters));
+#endif
+}
+
 // A barrier among `threads` threads (a multiple of 32) of the CTA, numbered `id` (1-15; 0 is
 // __syncthreads): the warps of one role synchronize without the others.
 __device__ __forceinline__ void named_barrier(int id, int threads) {
