@@ -8,6 +8,7 @@
 //     CPU executor running the same plan, and against the exact reference;
 //   - forests whose scores climb along each sequence, so that the online softmax's reference
 //     maximum moves (at every step, and lazily) and O is rescaled.
+//   - on the host: kernel_units (pairs, cuts) and prefix_schedule (every item once, balanced).
 // Tolerances are decode_attention_test.cpp's (attention_inputs.h): the kernels round P and the
 // output to the KV dtype as the decode kernel does. Outputs are poisoned with NaN bytes first.
 #include "pagoda/backend/cuda/prefix_attention.h"
@@ -262,6 +263,18 @@ TEST(PrefixKernelUnits, CutsOneTileUnitsOfMoreRowsThanAStage) {
   EXPECT_EQ(k.units[2].rows, 128);
   EXPECT_EQ(k.units[2].num_tokens, 65);
   EXPECT_EQ(k.queries[size_t(k.units[2].query_begin) + 15].seq, 31);
+
+  // Group 5: 25 queries (125 rows) over 32 tokens are 12 + 12 + 1 queries of at most 64 rows.
+  PrefixPlan odd;
+  odd.group = 5;
+  odd.units.push_back({.block_begin = 0, .num_tokens = 32, .query_begin = 0, .num_queries = 25, .m_tile = 128});
+  for (int32_t q = 0; q < 25; ++q) odd.unit_queries.push_back({.seq = q, .piece = -1});
+  const KernelUnits cut = kernel_units(odd, 16, 64);
+  ASSERT_EQ(cut.units.size(), 3u);
+  EXPECT_EQ(cut.units[0].rows, 60);
+  EXPECT_EQ(cut.units[1].rows, 60);
+  EXPECT_EQ(cut.units[2].rows, 5);
+  EXPECT_EQ(cut.queries[size_t(cut.units[2].query_begin)].seq, 24);
 }
 
 TEST(PrefixSchedule, RunsEveryItemOnceLongestFirst) {

@@ -126,8 +126,8 @@ KernelUnits kernel_units(const attention::PrefixPlan& plan, int32_t block_size, 
   const int32_t one_tile_queries = std::max(one_tile_rows / std::max(plan.group, 1), 1);
   bool open_pair = false;  // the last kernel unit is a pairable unit still alone
   for (attention::PrefixUnit u : plan.units) {
-    if (u.num_tokens <= kTile && u.num_queries * plan.group > one_tile_rows) {
-      // Cut in two: the first unit's queries, then the rest's, each reading the tile.
+    while (u.num_tokens <= kTile && u.num_queries * plan.group > one_tile_rows) {
+      // Cut: the first one_tile_queries queries, then the rest's, each reading the tile.
       k.units.push_back({.block_begin = u.block_begin,
                          .num_tokens = u.num_tokens,
                          .query_begin = int32_t(k.queries.size()),

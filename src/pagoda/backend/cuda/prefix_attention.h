@@ -61,8 +61,9 @@ const char* prefix_unsupported_reason(const attention::AttentionShape& shape, co
 // much the same for 32 tokens as for 64, and a tile of 32 reached 0.62 of the bandwidth at
 // 1024 x 32 tokens on an H100 where one of 64 reached 0.91. Only with blocks of at most 32
 // tokens (a tile holds whole blocks of each unit). A unit of one tile (at most 64 tokens) with
-// more than one_tile_rows rows is cut into two that read the tile each: a stage holds the Q rows
-// of one tile's item, and a longer item's further rows ride with its second tile.
+// more than one_tile_rows rows is cut into units of at most that many, each reading the tile: a
+// stage holds the Q rows of one tile's item, and a longer item's further rows ride with its
+// second tile.
 struct KernelUnits {
   std::vector<KernelUnit> units;
   std::vector<attention::UnitQuery> queries;

@@ -1,8 +1,7 @@
 // What prefix_tiled_kernel reads: a PrefixPlan's units as kernel units (prefix_attention.h's
 // kernel_units) over one layer's paged pools (item i is kernel unit i / num_kv_heads for kv head
 // i % num_kv_heads), which CTA runs which items (prefix_schedule), and where each item's states
-// go. Plain data, filled on the host and taken by
-// value by the kernel.
+// go. Plain data, filled on the host and taken by value by the kernel.
 #pragma once
 
 #include <cstdint>

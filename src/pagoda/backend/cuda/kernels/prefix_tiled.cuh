@@ -25,10 +25,10 @@
 // whole by one warp, chosen round-robin by stage, while the others go on to the next stages:
 // four such items proceed at once, and none waits on a barrier.
 //
-// Warp roles. Four more warps, the producers, only move data, and give the consumers their
-// registers (setmaxnreg): they run up to kStages tiles ahead
-// of the computing warps (the consumers), so that a stall on their own loads never stalls the math,
-// and kStages tiles of K and V (128 KB at head_dim 128) are in flight per SM. Stage s has a
+// Warp roles. Four more warps, the producers, only move data (and give the consumers their
+// registers: setmaxnreg): they run up to kStages tiles ahead of the computing warps (the
+// consumers), so that a stall on their own loads never stalls the math, and kStages tiles of K
+// and V (128 KB at head_dim 128) are in flight per SM. Stage s has a
 // "full" mbarrier (the producer's copies landed: cp.async arrivals, plus its plain arrivals after
 // writing the stage's tile description) and an "empty" one (every consumer warp is done with it).
 // The producer itself reads metadata kLookahead tiles before it copies the tile: the tile's block
@@ -38,9 +38,9 @@
 //
 // An item's first tile carries its Q rows in the stage's Q slot (zero past the item's rows), its
 // second tile rows 64 to 127 (kernel_units gives an item of more than 64 rows at least two
-// tiles); the consumers copy them into registers when they compute the item's first tile. 16-byte chunk c of every shared
-// row r is stored at chunk c ^ (r % 8), so the 8 row addresses of each ldmatrix hit distinct bank
-// groups. KV that other items also read (kv_shared: one node's row chunks) is first prefetched
+// tiles); the consumers copy them into registers when they compute the item's first tile.
+// 16-byte chunk c of every shared row r is stored at chunk c ^ (r % 8), so the 8 row addresses
+// of each ldmatrix hit distinct bank groups. KV that other items also read (kv_shared: one node's row chunks) is first prefetched
 // into L2 marked evict_last, one instruction per 128-byte line.
 #pragma once
 
