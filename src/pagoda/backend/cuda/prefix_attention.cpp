@@ -123,23 +123,29 @@ KernelUnits kernel_units(const attention::PrefixPlan& plan, int32_t block_size, 
     k.queries.insert(k.queries.end(), plan.unit_queries.begin() + u.query_begin,
                      plan.unit_queries.begin() + u.query_begin + u.num_queries);
   };
+  const auto push_unit = [&](const attention::PrefixUnit& u) {  // alone: not (yet) a pair
+    const int32_t rows = u.num_queries * plan.group;
+    k.units.push_back({.block_begin = u.block_begin,
+                       .num_tokens = u.num_tokens,
+                       .query_begin = int32_t(k.queries.size()),
+                       .rows = rows,
+                       .kv_shared = u.kv_shared,
+                       .second_block_begin = 0,
+                       .second_tokens = 0,
+                       .first_rows = rows});
+    append_queries(u);
+  };
   const int32_t one_tile_queries = std::max(one_tile_rows / std::max(plan.group, 1), 1);
   bool open_pair = false;  // the last kernel unit is a pairable unit still alone
   for (attention::PrefixUnit u : plan.units) {
     while (u.num_tokens <= kTile && u.num_queries * plan.group > one_tile_rows) {
       // Cut: the first one_tile_queries queries, then the rest's, each reading the tile.
-      k.units.push_back({.block_begin = u.block_begin,
-                         .num_tokens = u.num_tokens,
-                         .query_begin = int32_t(k.queries.size()),
-                         .rows = one_tile_queries * plan.group,
-                         .kv_shared = true,
-                         .second_block_begin = 0,
-                         .second_tokens = 0,
-                         .first_rows = one_tile_queries * plan.group});
-      append_queries({.query_begin = u.query_begin, .num_queries = one_tile_queries});
+      u.kv_shared = true;
+      attention::PrefixUnit first = u;
+      first.num_queries = one_tile_queries;
+      push_unit(first);
       u.query_begin += one_tile_queries;
       u.num_queries -= one_tile_queries;
-      u.kv_shared = true;
       open_pair = false;
     }
     const int32_t rows = u.num_queries * plan.group;
@@ -153,15 +159,7 @@ KernelUnits kernel_units(const attention::PrefixPlan& plan, int32_t block_size, 
       open_pair = false;
       continue;
     }
-    k.units.push_back({.block_begin = u.block_begin,
-                       .num_tokens = u.num_tokens,
-                       .query_begin = int32_t(k.queries.size()),
-                       .rows = rows,
-                       .kv_shared = u.kv_shared,
-                       .second_block_begin = 0,
-                       .second_tokens = 0,
-                       .first_rows = rows});
-    append_queries(u);
+    push_unit(u);
     open_pair = pairable(u);
   }
   return k;
@@ -173,9 +171,11 @@ PrefixSchedule prefix_schedule(const std::vector<KernelUnit>& units, int32_t num
     const int64_t span = u.second_tokens > 0 ? kTileTokens : u.num_tokens;
     return (span + kTileTokens - 1) / kTileTokens * (u.rows > kOneStageRows ? 2 : 1);
   };
+  std::vector<int64_t> costs(units.size());
+  std::ranges::transform(units, costs.begin(), cost);
   std::vector<int32_t> order(units.size());
   std::iota(order.begin(), order.end(), 0);
-  std::ranges::stable_sort(order, [&](int32_t a, int32_t b) { return cost(units[size_t(a)]) > cost(units[size_t(b)]); });
+  std::ranges::stable_sort(order, [&](int32_t a, int32_t b) { return costs[size_t(a)] > costs[size_t(b)]; });
   const int64_t num_items = int64_t(units.size()) * num_kv_heads;
   PrefixSchedule schedule;
   schedule.ctas = int32_t(std::min<int64_t>(num_items, std::max(workers, 1)));
@@ -189,7 +189,7 @@ PrefixSchedule prefix_schedule(const std::vector<KernelUnit>& units, int32_t num
     for (int32_t h = 0; h < num_kv_heads; ++h) {
       const auto [load, cta] = loads.top();
       loads.pop();
-      loads.push({load + cost(units[size_t(u)]), cta});
+      loads.push({load + costs[size_t(u)], cta});
       assigned.push_back({cta, u * num_kv_heads + h});
       ++count[size_t(cta)];
     }
