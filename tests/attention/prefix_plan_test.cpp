@@ -336,28 +336,40 @@ TEST(PrefixPlan, ShortRootIsMergedIntoAChildOfManyQueries) {
   }
 }
 
-// The row-chunk factor: group 8 with a 128-row tile holds 16 queries. A 144-token root costs
-// 144 x 512 = 73728 bytes per chunk; 16 queries' partials (16 x 8256 = 132096) pay for one
-// chunk, 17 (140352) do not pay for two.
+// The row-chunk terms: group 8 with a 128-row tile holds 16 queries. Merging a child costs the
+// node's KV (from the first token its pack reads) once per row chunk of the child, less the
+// node's chunks it frees; a KV token is 512 bytes, a query's partial state 8256.
 TEST(PrefixPlan, MergeCostCountsRowChunks) {
   const AttentionShape shape = shape_of(8, 1);
   const PrefixPlanOptions options{.split = false};
-  const DecodeBatch merged = make_tree_batch(parse_prefix_tree("1,2,32_144,16,40"), 16, 5);
-  const PrefixPlan a = plan_prefix(merged, shape, DeviceInfo{.num_workers = 8}, options);
-  check_plan(a, merged, shape, options);
-  const auto a_root = units_starting_at(a, merged, 0, 0, 16);
-  ASSERT_EQ(a_root.size(), 2u);  // one per child, reading root and child together
-  for (const PrefixUnit* u : a_root) {
-    EXPECT_EQ(u->num_tokens, 160);
-    EXPECT_EQ(u->num_queries, 16);
-    EXPECT_EQ(u->kv_shared, 0);
+  struct Case {
+    const char* tree;
+    std::vector<int32_t> root_unit_tokens;  // of the units that read the root, ascending
+  };
+  for (const Case& c : {
+           // 32 queries: each child of 16 fills a chunk of the root; merged at no extra read.
+           Case{"1,2,32_144,16,40", {160, 160}},
+           // 34: the first child of 17 costs 2 - (3 - 2) = 1 read of the root, 73728 bytes, and
+           // saves 17 partial states, 140352; the second then frees both chunks left. In each
+           // child, 16 queries fill one chunk and the first leaf frees the other: it reads the
+           // whole path, root to its own 40 tokens.
+           Case{"1,2,34_144,16,40", {160, 160, 200, 200}},
+           // A 400-token root: 204800 bytes, more than the partials saved: the root is read alone,
+           // by 3 row chunks of 11 or 12 queries.
+           Case{"1,2,34_400,16,40", {400, 400, 400}},
+       }) {
+    SCOPED_TRACE(c.tree);
+    const DecodeBatch batch = make_tree_batch(parse_prefix_tree(c.tree), 16, 5);
+    const PrefixPlan plan = plan_prefix(batch, shape, DeviceInfo{.num_workers = 8}, options);
+    check_plan(plan, batch, shape, options);
+    std::vector<int32_t> tokens;
+    for (const PrefixUnit* u : units_starting_at(plan, batch, 0, 0, 16)) {
+      tokens.push_back(u->num_tokens);
+      EXPECT_EQ(u->kv_shared, 1);  // row chunks of the root, or merged children (that read it too)
+    }
+    std::sort(tokens.begin(), tokens.end());
+    EXPECT_EQ(tokens, c.root_unit_tokens);
   }
-  const DecodeBatch kept = make_tree_batch(parse_prefix_tree("1,2,34_144,16,40"), 16, 5);
-  const PrefixPlan b = plan_prefix(kept, shape, DeviceInfo{.num_workers = 8}, options);
-  check_plan(b, kept, shape, options);
-  const auto b_root = units_starting_at(b, kept, 0, 0, 16);
-  ASSERT_EQ(b_root.size(), 3u);  // the root alone for 34 queries: 3 row chunks
-  for (const PrefixUnit* u : b_root) EXPECT_EQ(u->num_tokens, 144);
 }
 
 // 1,10_4096,416: single-query leaves never pay for reading 4096 tokens again; the root is read
@@ -680,7 +692,9 @@ TEST(CascadeBatch, PlansTheSharedPrefixOncePerRowChunk) {
     ASSERT_EQ(int32_t(prefix.size()), chunks);
     int32_t readers = 0;
     for (const PrefixUnit* u : prefix) {
-      EXPECT_EQ(u->num_tokens, 64);
+      // 33 requests: one of them frees the second chunk, and reads the prefix and its suffix alone.
+      const int32_t first = plan.unit_queries[size_t(u->query_begin)].seq;
+      EXPECT_EQ(u->num_tokens, requests == 33 && u->num_queries == 1 ? 64 + suffix_tokens[size_t(first)] : 64);
       EXPECT_EQ(u->kv_shared, chunks > 1 ? 1 : 0);
       readers += u->num_queries;
     }

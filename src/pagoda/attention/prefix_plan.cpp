@@ -37,6 +37,7 @@ struct Pack {
   int32_t num_tokens;
   int32_t query_begin;  // Packer::pack_queries_
   int32_t num_queries;
+  bool shared;  // other packs read some of its KV too: its merged children, or it is merged
 };
 
 class Packer {
@@ -51,6 +52,7 @@ class Packer {
   // child, and on a small tree the sum of its choices can cost more bytes than not sharing.
   void run() {
     pieces_.assign(size_t(batch_.num_seqs()), 0);
+    merged_.assign(forest_.nodes.size(), 0);
     for (int32_t root : forest_.roots) {
       const int32_t block = forest_.nodes[size_t(root)].block_begin;
       const size_t packed_begin = packs.size(), packed_queries = pack_queries.size();
@@ -107,16 +109,24 @@ class Packer {
     const int64_t kv_tokens = node.token_end - int64_t(kv_block) * shape_.block_size;
     const int64_t token_bytes = 2 * int64_t(shape_.head_dim) * options_.kv_bytes_per_element;
     const int32_t* q = forest_.queries.data();
-    // Merging a child reads this pack's KV once more per unit of the child's queries, and saves
-    // each of them a partial state (the scheme comparison of the paper, §5.1).
-    auto merge = [&](const PrefixNode& child) {
-      const int64_t saved = child.num_queries() * partial_bytes(shape_, options_);
-      const int64_t extra = kv_tokens * token_bytes * chunks(child.num_queries());
-      return merge_all_ || !options_.pack || saved > extra;
-    };
+    // Merging a child reads this pack's KV once more per row chunk of the child's queries, less
+    // the chunks this pack no longer needs without them, and saves each of them a partial state
+    // (the scheme comparison of the paper, §5.1, with row chunks: under a node wider than the
+    // largest tile, a child that fills whole chunks reads the node's KV no more often merged
+    // than kept, so the node's KV and the child's are read in one unit). Children are decided in
+    // order, each against the queries the ones before it left to this pack.
+    int64_t remaining = node.num_queries();
     for (int32_t c = node.first_child; c >= 0; c = forest_.nodes[size_t(c)].next_sibling) {
       const PrefixNode& child = forest_.nodes[size_t(c)];
-      if (merge(child)) pack(c, kv_block);
+      const int64_t saved = child.num_queries() * partial_bytes(shape_, options_);
+      const int64_t freed = chunks(remaining) - chunks(remaining - child.num_queries());
+      const int64_t extra = kv_tokens * token_bytes * (chunks(child.num_queries()) - freed);
+      merged_[size_t(c)] = merge_all_ || !options_.pack || saved > extra;
+      if (merged_[size_t(c)]) remaining -= child.num_queries();
+    }
+    auto merge = [&](int32_t child) { return merged_[size_t(child)] != 0; };
+    for (int32_t c = node.first_child; c >= 0; c = forest_.nodes[size_t(c)].next_sibling) {
+      if (merge(c)) pack(c, kv_block);
     }
     // This pack: the queries that end here and those of the children kept apart, recorded after
     // the merged children's packs and before the kept children's, so that they are contiguous.
@@ -124,17 +134,18 @@ class Packer {
     pack_queries.insert(pack_queries.end(), q + node.query_begin, q + node.query_begin + node.num_ending);
     for (int32_t c = node.first_child; c >= 0; c = forest_.nodes[size_t(c)].next_sibling) {
       const PrefixNode& child = forest_.nodes[size_t(c)];
-      if (!merge(child)) pack_queries.insert(pack_queries.end(), q + child.query_begin, q + child.query_end);
+      if (!merge(c)) pack_queries.insert(pack_queries.end(), q + child.query_begin, q + child.query_end);
     }
     const int32_t num_queries = int32_t(pack_queries.size() - own_begin);
     if (num_queries > 0) {
       packs.push_back({.block_begin = batch_.block_offsets[size_t(pack_queries[own_begin])] + kv_block,
                        .num_tokens = int32_t(kv_tokens),
                        .query_begin = int32_t(own_begin),
-                       .num_queries = num_queries});
+                       .num_queries = num_queries,
+                       .shared = kv_block < node.block_begin || remaining < node.num_queries()});
     }
     for (int32_t c = node.first_child; c >= 0; c = forest_.nodes[size_t(c)].next_sibling) {
-      if (!merge(forest_.nodes[size_t(c)])) pack(c, forest_.nodes[size_t(c)].block_begin);
+      if (!merge(c)) pack(c, forest_.nodes[size_t(c)].block_begin);
     }
   }
 
@@ -145,6 +156,7 @@ class Packer {
   const int32_t max_queries_;
   bool merge_all_ = false;      // pack() merges every child: no sharing below the root
   std::vector<int32_t> pieces_;  // per sequence, bytes()'s count of the packs holding it
+  std::vector<uint8_t> merged_;  // per node: merged into its parent's pack (decided by pack())
 };
 
 // The long-KV split's piece length. The paper cuts units longer than the batch mean; here only
@@ -231,7 +243,7 @@ PrefixPlan plan_prefix(const PrefixForest& forest, const DecodeBatch& batch, con
                         .query_begin = pack.query_begin + begin,
                         .num_queries = end - begin,
                         .m_tile = select_m_tile((end - begin) * group, options.m_tiles),
-                        .kv_shared = num_chunks > 1});
+                        .kv_shared = num_chunks > 1 || pack.shared});
     }
   }
 

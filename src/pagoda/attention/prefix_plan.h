@@ -4,12 +4,15 @@
 //   2. packing: every node's queries read the node's KV together, once, in one unit; a child is
 //      merged into its parent's unit (the unit reads the parent's KV again, for the child's
 //      queries alone) when that costs fewer bytes than the partial states it saves, the paper's
-//      scheme comparison with this engine's byte counts; of that and no packing at all, each
-//      tree keeps the one that moves fewer bytes, so packing never moves more than one unit per
-//      query would (the split below adds partial states, for occupancy);
+//      scheme comparison with this engine's byte counts and row chunks (under a node wider than
+//      the largest M tile, a child that fills whole chunks is merged at no extra read: at GQA
+//      group 8, the 1,4,16,512 tree's queries read root to third level in one unit, and get two
+//      partial states instead of four); of that and no packing at all, each tree keeps the one
+//      that moves fewer bytes, so packing never moves more than one unit per query would (the
+//      split below adds partial states, for occupancy);
 //   3. row chunking: a unit holds at most the largest M tile of query rows (queries x GQA
 //      group); a node with more queries is read by several units, marked kv_shared so its KV
-//      stays in L2;
+//      stays in L2, as are units of merged children (their ancestors' KV is read by others);
 //   4. the long-KV split: units longer than a worker's fair share of the batch are cut into
 //      equal pieces, so no worker finishes long after the others (the paper cuts at the batch
 //      mean, which multiplies partial states where short tails dominate: prefix_plan.cpp);
