@@ -143,10 +143,16 @@ void merge_partial_states(const attention::MergeTask* merges, int num_merges, in
   attribute.id = cudaLaunchAttributeProgrammaticStreamSerialization;
   attribute.val.programmaticStreamSerializationAllowed = 1;
   cudaLaunchConfig_t config{};
-  // A warp per row while a row has a few batches of partials, more for long splits.
-  int warps_per_row = 1;
-  while (warps_per_row < kWarps && warps_per_row * 2 * kBatch < max_partials) warps_per_row *= 2;
+  // A warp per row while a row has a few batches of partials, more for long splits. A small
+  // merge (a batch of a few sequences split into many pieces) is all latency: it gets a warp per
+  // batch, as long as that keeps it well within one wave (an H100 holds 6336 of these warps).
+  constexpr int64_t kSmallMergeWarps = 4096;
   const int64_t num_rows = int64_t(num_merges) * heads_per_task * group;
+  int warps_per_row = 1;
+  while (warps_per_row < kWarps && warps_per_row * kBatch < max_partials &&
+         (warps_per_row * 2 * kBatch < max_partials || num_rows * warps_per_row * 2 <= kSmallMergeWarps)) {
+    warps_per_row *= 2;
+  }
   const int rows_per_cta = kWarps / warps_per_row;
   config.gridDim = dim3(unsigned((num_rows + rows_per_cta - 1) / rows_per_cta));
   config.blockDim = dim3(kWarps * 32);
