@@ -165,14 +165,16 @@ KernelUnits kernel_units(const attention::PrefixPlan& plan, int32_t block_size, 
   return k;
 }
 
+int64_t prefix_item_cost(const KernelUnit& u) {
+  constexpr int64_t kTileTokens = 64;
+  const int64_t span = u.second_tokens > 0 ? kTileTokens : u.num_tokens;
+  const int64_t tile_cost = u.rows > 64 ? 7 : u.rows > 32 ? 6 : 4;
+  return (span + kTileTokens - 1) / kTileTokens * tile_cost;
+}
+
 PrefixSchedule prefix_schedule(const std::vector<KernelUnit>& units, int32_t num_kv_heads, int32_t workers) {
-  constexpr int64_t kTileTokens = 64, kOneStageRows = 64;
-  const auto cost = [&](const KernelUnit& u) {
-    const int64_t span = u.second_tokens > 0 ? kTileTokens : u.num_tokens;
-    return (span + kTileTokens - 1) / kTileTokens * (u.rows > kOneStageRows ? 2 : 1);
-  };
   std::vector<int64_t> costs(units.size());
-  std::ranges::transform(units, costs.begin(), cost);
+  std::ranges::transform(units, costs.begin(), prefix_item_cost);
   std::vector<int32_t> order(units.size());
   std::iota(order.begin(), order.end(), 0);
   std::ranges::stable_sort(order, [&](int32_t a, int32_t b) { return costs[size_t(a)] > costs[size_t(b)]; });

@@ -70,11 +70,17 @@ struct KernelUnits {
 };
 KernelUnits kernel_units(const attention::PrefixPlan& plan, int32_t block_size, int32_t one_tile_rows);
 
+// An item's cost for the schedule, in quarter tiles: its 64-token tiles (a pair's one), each
+// weighed by the rows computed on it. A tile of at most 32 rows takes the time its KV takes to
+// arrive (4); 64 rows of math take longer (6), 128 rows on eight warps longer still (7). The
+// weights are relative tile times fitted on an H100: of the weightings tried on the prefix-tree
+// batches, this one gave the highest geometric mean of the bound (bench/results' README).
+int64_t prefix_item_cost(const KernelUnit& u);
+
 // Which CTA of the persistent grid runs which item (kernel unit x kv head): longest processing
-// time first. Items in order of falling cost go each to the CTA with the least cost so far; a
-// unit's cost is its 64-token tiles, twice that above 64 rows (eight computing warps on a tile
-// take about twice the time of four). A round-robin over the plan's order (longest units first)
-// gave the CTAs that drew the long shared units as many short tails as the others.
+// time first. Items in order of falling cost go each to the CTA with the least cost so far. A
+// round-robin over the plan's order (longest units first) gave the CTAs that drew the long
+// shared units as many short tails as the others.
 struct PrefixSchedule {
   std::vector<int32_t> slots;  // CTA c's n-th item at c + n * ctas; -1 past its last
   int32_t ctas = 0;            // min(items, workers)
