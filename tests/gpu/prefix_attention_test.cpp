@@ -279,7 +279,7 @@ TEST(PrefixKernelUnits, CutsOneTileUnitsOfMoreRowsThanAStage) {
 
 TEST(PrefixSchedule, RunsEveryItemOnceLongestFirst) {
   // 3 CTAs. Unit 0: 256 tokens of 128 rows (cost 4 x 7); then eight one-tile units of 8 rows
-  // (cost 4 each), one kv head. A round-robin would give CTA 0 the long unit and three of the
+  // (cost 4 each), one kv head. A round-robin would give CTA 0 the long unit and two of the
   // short ones (36); the schedule gives it the long one alone, the short ones to CTAs 1 and 2
   // (4 each: 16).
   std::vector<KernelUnit> units;
