@@ -40,8 +40,9 @@
 // second tile rows 64 to 127 (kernel_units gives an item of more than 64 rows at least two
 // tiles); the consumers copy them into registers when they compute the item's first tile.
 // 16-byte chunk c of every shared row r is stored at chunk c ^ (r % 8), so the 8 row addresses
-// of each ldmatrix hit distinct bank groups. KV that other items also read (kv_shared: one node's row chunks) is first prefetched
-// into L2 marked evict_last, one instruction per 128-byte line.
+// of each ldmatrix hit distinct bank groups. KV that other items also read (kv_shared: a node's
+// row chunks, and units that read their ancestors' KV) is first prefetched into L2 marked
+// evict_last, one instruction per 128-byte line.
 #pragma once
 
 #include <cmath>
