@@ -17,9 +17,13 @@ namespace {
 
 // Reference: the exact softmax-weighted combination of each task's slots, on the host in double.
 // Split decode never produces an empty partial, so the empty cases are only reachable here.
-TEST(GpuMergeStates, MatchesHostMerge) {
+// A warp covers 4, 2 or 1 rows at head_dim 64, 128 and 256; with a group of 3, one warp's rows
+// belong to different tasks, with different numbers of partials.
+class GpuMergeStates : public ::testing::TestWithParam<int> {};
+
+TEST_P(GpuMergeStates, MatchesHostMerge) {
   if (!device_available()) GTEST_SKIP() << "no CUDA device";
-  const int group = 3, num_q_heads = 6, dim = 128, num_seqs = 2;
+  const int group = 3, num_q_heads = 6, dim = GetParam(), num_seqs = 2;
   // Tasks with 1, 9 and 2 partials; every partial of (seq 1, kv head 0) is empty, and one slot of
   // (seq 0, kv head 1) is.
   const std::vector<attention::MergeTask> tasks = {
@@ -100,6 +104,8 @@ TEST(GpuMergeStates, MatchesHostMerge) {
                                     d_lse.data(), DType::kF32, d_out.data(), nullptr, nullptr),
                Error);
 }
+
+INSTANTIATE_TEST_SUITE_P(HeadDims, GpuMergeStates, ::testing::Values(64, 128, 256));
 
 }  // namespace
 }  // namespace pagoda::cuda
