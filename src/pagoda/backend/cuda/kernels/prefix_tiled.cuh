@@ -547,6 +547,8 @@ __global__ void __launch_bounds__(PrefixTiledConfig<kHeadDim>::kThreads, 1)
       const int token0 = tile * C::kTileTokens;
       if (slice == 16) {  // four warps split the tile: one chunk each
         if (token0 + wn * 16 < num_tokens) compute_chunks.template operator()<1>(stage, wn * 16, token0);
+      } else if (slice == C::kTileTokens && token0 + C::kTileTokens / 2 < num_tokens) {
+        compute_chunks.template operator()<4>(stage, 0, token0);  // the whole tile: eight S chains
       } else {
 #pragma unroll 1
         for (int first = wn * slice; first < (wn + 1) * slice && token0 + first < num_tokens; first += 32) {
