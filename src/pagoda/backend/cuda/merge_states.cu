@@ -166,7 +166,7 @@ void merge_partial_states(const attention::MergeTask* merges, int num_merges, in
   cudaLaunchConfig_t config{};
   // A warp per row while a row has a few batches of partials, more for long splits. A small
   // merge (a batch of a few sequences split into many pieces) is all latency: it gets a warp per
-  // batch, as long as that keeps it well within one wave (an H100 holds 6336 of these warps).
+  // batch, as long as that keeps it within one wave (an H100 holds 4224 of these warps).
   constexpr int64_t kSmallMergeWarps = 4096;
   const int64_t num_rows = int64_t(num_merges) * heads_per_task * group;
   const int rows_per_warp = 256 / head_dim;

@@ -240,11 +240,12 @@ __global__ void __launch_bounds__(PrefixTiledConfig<kHeadDim>::kThreads, 1)
     // The copy step: tile `step` into stage step % kStages, once the consumers are done with it.
     // Lane `producer` copies 16-byte chunk `chunk` of rows row0, row0 + kRowsPerPass, ...: one
     // swizzle (row % 8 is the same for all of them) and one pair of rows per warp, so the row
-    // guards are warp-uniform. Rows past the item's last token are zero-filled up to the 32
-    // tokens the consumers compute at a time (P = 0 there, and 0 * V must not be NaN); the Q rows
-    // up to the 16-row fragments that read them. This loop is most of the producers' instructions,
-    // which share the SM's issue slots with the consumers' math: a pass adds one 64-bit stride, and
-    // a block's id is read and multiplied once per block.
+    // guards are warp-uniform. Rows past the item's last token are zero-filled up to the next
+    // multiple of 32 tokens, all the consumers compute at a time (32, or the whole tile past 32
+    // tokens: P = 0 there, and 0 * V must not be NaN); the Q rows up to the 16-row fragments that
+    // read them. This loop is most of the producers' instructions, which share the SM's issue
+    // slots with the consumers' math: a pass adds one 64-bit stride, and a block's id is read and
+    // multiplied once per block.
     constexpr int kRowsPerPass = C::kProducerThreads / C::kChunksPerRow;
     constexpr int kPasses = C::kTileTokens / kRowsPerPass;
     static_assert(kRowsPerPass % 8 == 0 && kRowsPerPass <= 16,
