@@ -1,6 +1,7 @@
 #include "pagoda/attention/prefix_forest.h"
 
 #include <algorithm>
+#include <cstring>
 #include <utility>
 #include <vector>
 
@@ -9,14 +10,6 @@
 namespace pagoda::attention {
 namespace {
 
-// What makes block position p of a sequence the same as another's: the block id and how many of
-// its tokens the sequence reads.
-struct BlockKey {
-  int32_t id;
-  int32_t tokens;
-  auto operator<=>(const BlockKey&) const = default;
-};
-
 class ForestBuilder {
  public:
   ForestBuilder(const DecodeBatch& batch, int32_t block_size) : batch_(batch), block_size_(block_size) {}
@@ -24,9 +17,13 @@ class ForestBuilder {
   PrefixForest build() {
     forest_.queries.reserve(size_t(batch_.num_seqs()));
     forest_.nodes.reserve(2 * size_t(batch_.num_seqs()));  // a node splits queries or ends some
+    num_blocks_.resize(size_t(batch_.num_seqs()));
     for (int32_t s = 0; s < batch_.num_seqs(); ++s) {
-      (batch_.kv_lengths[size_t(s)] > 0 ? forest_.queries : forest_.empty_queries).push_back(s);
+      const int32_t length = batch_.kv_lengths[size_t(s)];
+      num_blocks_[size_t(s)] = int32_t((int64_t(length) + block_size_ - 1) / block_size_);
+      (length > 0 ? forest_.queries : forest_.empty_queries).push_back(s);
     }
+    keyed_.resize(forest_.queries.size());
     add_children(0, int32_t(forest_.queries.size()), 0, -1);
     return std::move(forest_);
   }
@@ -34,29 +31,32 @@ class ForestBuilder {
  private:
   const int32_t* table(int32_t seq) const { return batch_.block_ids.data() + batch_.block_offsets[size_t(seq)]; }
 
-  int32_t num_blocks(int32_t seq) const {
-    return int32_t((int64_t(batch_.kv_lengths[size_t(seq)]) + block_size_ - 1) / block_size_);
+  int32_t num_blocks(int32_t seq) const { return num_blocks_[size_t(seq)]; }
+
+  // Tokens seq reads from its block at `position`.
+  int32_t tokens(int32_t seq, int32_t position) const {
+    return std::min(block_size_, batch_.kv_lengths[size_t(seq)] - position * block_size_);
   }
 
-  BlockKey key(int32_t seq, int32_t position) const {
-    const int32_t length = batch_.kv_lengths[size_t(seq)];
-    return {batch_.block_ids[size_t(batch_.block_offsets[size_t(seq)] + position)],
-            std::min(block_size_, length - position * block_size_)};
+  // What makes block position p of a sequence the same as another's: the block id and how many of
+  // its tokens the sequence reads, in one word (one comparison in the sort).
+  uint64_t key(int32_t seq, int32_t position) const {
+    return uint64_t(uint32_t(table(seq)[position])) << 32 | uint32_t(tokens(seq, position));
   }
 
   // Queries [begin, end) of forest_.queries all continue past block position `position`: sorts
   // them by their key there and makes one child of `parent` per key.
   void add_children(int32_t begin, int32_t end, int32_t position, int32_t parent) {
-    // Sorted by key: (key, query) pairs sort without recomputing keys.
-    std::vector<std::pair<BlockKey, int32_t>> keyed;
-    keyed.reserve(size_t(end - begin));
-    for (int32_t i = begin; i < end; ++i) keyed.push_back({key(forest_.queries[size_t(i)], position), forest_.queries[size_t(i)]});
-    std::sort(keyed.begin(), keyed.end());
-    for (int32_t i = begin; i < end; ++i) forest_.queries[size_t(i)] = keyed[size_t(i - begin)].second;
+    // Sorted by key: (key, query) pairs sort without recomputing keys. keyed_ is indexed like
+    // forest_.queries: a child's recursion rewrites only its own run, after the run was found.
+    auto* keyed = keyed_.data();
+    for (int32_t i = begin; i < end; ++i) keyed[i] = {key(forest_.queries[size_t(i)], position), forest_.queries[size_t(i)]};
+    std::sort(keyed + begin, keyed + end);
+    for (int32_t i = begin; i < end; ++i) forest_.queries[size_t(i)] = keyed[i].second;
     int32_t previous_child = -1;
     for (int32_t run = begin; run < end;) {
       int32_t run_end = run + 1;
-      while (run_end < end && keyed[size_t(run_end - begin)].first == keyed[size_t(run - begin)].first) ++run_end;
+      while (run_end < end && keyed[run_end].first == keyed[run].first) ++run_end;
       const int32_t child = add_node(run, run_end, position, parent);
       if (parent < 0) {
         forest_.roots.push_back(child);
@@ -78,14 +78,19 @@ class ForestBuilder {
     int32_t block_end = num_blocks(q[begin]);
     for (int32_t i = begin + 1; i < end; ++i) block_end = std::min(block_end, num_blocks(q[i]));
     for (int32_t i = begin + 1; i < end && block_end > position + 1; ++i) {
-      block_end = int32_t(std::mismatch(first + position + 1, first + block_end, table(q[i]) + position + 1).first - first);
+      const int32_t* other = table(q[i]);
+      // Usually all of the run matches: memcmp checks it with vector loads, mismatch finds where not.
+      const size_t run_bytes = size_t(block_end - position - 1) * sizeof(int32_t);
+      if (std::memcmp(first + position + 1, other + position + 1, run_bytes) != 0) {
+        block_end = int32_t(std::mismatch(first + position + 1, first + block_end, other + position + 1).first - first);
+      }
     }
     // ...which ends a block early if its last block is some query's partial last one and the
     // others read another number of its tokens (before it, every block is read whole by all).
     if (block_end > position + 1) {
-      const int32_t tokens = key(q[begin], block_end - 1).tokens;
+      const int32_t last_tokens = tokens(q[begin], block_end - 1);
       for (int32_t i = begin + 1; i < end; ++i) {
-        if (key(q[i], block_end - 1).tokens != tokens) {
+        if (tokens(q[i], block_end - 1) != last_tokens) {
           --block_end;
           break;
         }
@@ -94,12 +99,12 @@ class ForestBuilder {
     // Queries ending here first, then the rest (which form the children).
     const auto ending_end = std::partition(q + begin, q + end, [&](int32_t s) { return num_blocks(s) == block_end; });
     const int32_t num_ending = int32_t(ending_end - (q + begin));
-    const BlockKey last = key(q[begin], block_end - 1);
+
     const int32_t node = int32_t(forest_.nodes.size());
     forest_.nodes.push_back({.block_begin = position,
                              .block_end = block_end,
                              .token_begin = position * block_size_,
-                             .token_end = (block_end - 1) * block_size_ + last.tokens,
+                             .token_end = (block_end - 1) * block_size_ + tokens(q[begin], block_end - 1),
                              .query_begin = begin,
                              .query_end = end,
                              .num_ending = num_ending,
@@ -112,6 +117,8 @@ class ForestBuilder {
 
   const DecodeBatch& batch_;
   const int32_t block_size_;
+  std::vector<std::pair<uint64_t, int32_t>> keyed_;  // add_children's (key, query) pairs
+  std::vector<int32_t> num_blocks_;  // per sequence: blocks its KV fills (a division per node and query cost more than the rest)
   PrefixForest forest_;
 };
 

@@ -45,7 +45,9 @@ class Packer {
   Packer(const PrefixForest& forest, const DecodeBatch& batch, const AttentionShape& shape,
          const PrefixPlanOptions& options)
       : forest_(forest), batch_(batch), shape_(shape), options_(options),
-        max_queries_(std::max(1, options.m_tiles.back() / shape.group_size())) {}
+        max_queries_(std::max(1, options.m_tiles.back() / shape.group_size())),
+        token_bytes_(2 * int64_t(shape.head_dim) * options.kv_bytes_per_element),
+        q_bytes_(int64_t(shape.group_size()) * shape.head_dim * options.kv_bytes_per_element) {}
 
   // Packs every tree by the byte model, and keeps for each the cheaper of that and no packing
   // at all (every query merged down to one unit over its whole KV): the model decides child by
@@ -58,19 +60,12 @@ class Packer {
       const size_t packed_begin = packs.size(), packed_queries = pack_queries.size();
       pack(root, block);
       if (!options_.pack) continue;
-      const size_t merged_begin = packs.size(), merged_queries = pack_queries.size();
+      if (bytes(packed_begin, packs.size()) <= unshared_bytes(root, block)) continue;
+      packs.resize(packed_begin);  // not sharing moves fewer bytes: pack that instead
+      pack_queries.resize(packed_queries);
       merge_all_ = true;
       pack(root, block);
       merge_all_ = false;
-      if (bytes(packed_begin, merged_begin) <= bytes(merged_begin, packs.size())) {
-        packs.resize(merged_begin);
-        pack_queries.resize(merged_queries);
-      } else {  // drop the packed version and move the merged one into its place
-        const int32_t shift = int32_t(merged_queries - packed_queries);
-        pack_queries.erase(pack_queries.begin() + long(packed_queries), pack_queries.begin() + long(merged_queries));
-        packs.erase(packs.begin() + long(packed_begin), packs.begin() + long(merged_begin));
-        for (size_t i = packed_begin; i < packs.size(); ++i) packs[i].query_begin -= shift;
-      }
     }
   }
 
@@ -78,17 +73,15 @@ class Packer {
   std::vector<int32_t> pack_queries;
 
  private:
-  int64_t chunks(int64_t queries) const { return (queries + max_queries_ - 1) / max_queries_; }
+  int32_t chunks(int32_t queries) const { return (queries + max_queries_ - 1) / max_queries_; }
 
   // Bytes packs [begin, end) move per kv head, before the long-KV split: KV of every row chunk,
   // q rows, and the partial states of the queries they cut into several pieces.
   int64_t bytes(size_t begin, size_t end) {
-    const int64_t token_bytes = 2 * int64_t(shape_.head_dim) * options_.kv_bytes_per_element;
-    const int64_t q_bytes = int64_t(shape_.group_size()) * shape_.head_dim * options_.kv_bytes_per_element;
     int64_t total = 0;
     for (size_t i = begin; i < end; ++i) {
       const Pack& pack = packs[i];
-      total += chunks(pack.num_queries) * pack.num_tokens * token_bytes + pack.num_queries * q_bytes;
+      total += int64_t(chunks(pack.num_queries)) * pack.num_tokens * token_bytes_ + pack.num_queries * q_bytes_;
       for (int32_t j = 0; j < pack.num_queries; ++j) ++pieces_[size_t(pack_queries[size_t(pack.query_begin + j)])];
     }
     for (size_t i = begin; i < end; ++i) {
@@ -102,12 +95,21 @@ class Packer {
     return total;
   }
 
+  // Bytes node's subtree moves per kv head packed with merge_all_ (no partial states): each
+  // node's ending queries read all their KV from block position kv_block in one pack.
+  int64_t unshared_bytes(int32_t node_index, int32_t kv_block) const {
+    const PrefixNode& node = forest_.nodes[size_t(node_index)];
+    const int64_t kv_tokens = node.token_end - int64_t(kv_block) * shape_.block_size;
+    int64_t total = int64_t(chunks(node.num_ending)) * kv_tokens * token_bytes_ + node.num_ending * q_bytes_;
+    for (int32_t c = node.first_child; c >= 0; c = forest_.nodes[size_t(c)].next_sibling) total += unshared_bytes(c, kv_block);
+    return total;
+  }
+
   // Packs node's subtree, whose queries read KV from block position kv_block (<= the node's
   // first block when ancestors were merged into it).
   void pack(int32_t node_index, int32_t kv_block) {
     const PrefixNode& node = forest_.nodes[size_t(node_index)];
     const int64_t kv_tokens = node.token_end - int64_t(kv_block) * shape_.block_size;
-    const int64_t token_bytes = 2 * int64_t(shape_.head_dim) * options_.kv_bytes_per_element;
     const int32_t* q = forest_.queries.data();
     // Merging a child reads this pack's KV once more per row chunk of the child's queries, less
     // the chunks this pack no longer needs without them, and saves each of them a partial state
@@ -115,14 +117,18 @@ class Packer {
     // largest tile, a child that fills whole chunks reads the node's KV no more often merged
     // than kept, so the node's KV and the child's are read in one unit). Children are decided in
     // order, each against the queries the ones before it left to this pack.
-    int64_t remaining = node.num_queries();
+    int32_t remaining = node.num_queries();
     for (int32_t c = node.first_child; c >= 0; c = forest_.nodes[size_t(c)].next_sibling) {
-      const PrefixNode& child = forest_.nodes[size_t(c)];
-      const int64_t saved = child.num_queries() * partial_bytes(shape_, options_);
-      const int64_t freed = chunks(remaining) - chunks(remaining - child.num_queries());
-      const int64_t extra = kv_tokens * token_bytes * (chunks(child.num_queries()) - freed);
-      merged_[size_t(c)] = merge_all_ || !options_.pack || saved > extra;
-      if (merged_[size_t(c)]) remaining -= child.num_queries();
+      const int32_t child_queries = forest_.nodes[size_t(c)].num_queries();
+      bool merged = merge_all_ || !options_.pack;
+      if (!merged) {
+        const int64_t saved = child_queries * partial_bytes(shape_, options_);
+        const int64_t freed = chunks(remaining) - chunks(remaining - child_queries);
+        const int64_t extra = kv_tokens * token_bytes_ * (chunks(child_queries) - freed);
+        merged = saved > extra;
+      }
+      merged_[size_t(c)] = merged;
+      if (merged) remaining -= child_queries;
     }
     auto merge = [&](int32_t child) { return merged_[size_t(child)] != 0; };
     for (int32_t c = node.first_child; c >= 0; c = forest_.nodes[size_t(c)].next_sibling) {
@@ -154,6 +160,8 @@ class Packer {
   const AttentionShape& shape_;
   const PrefixPlanOptions& options_;
   const int32_t max_queries_;
+  const int64_t token_bytes_;  // K and V of one token of one kv head
+  const int64_t q_bytes_;      // the group rows of one query
   bool merge_all_ = false;      // pack() merges every child: no sharing below the root
   std::vector<int32_t> pieces_;  // per sequence, bytes()'s count of the packs holding it
   std::vector<uint8_t> merged_;  // per node: merged into its parent's pack (decided by pack())
@@ -295,15 +303,9 @@ PrefixPlan plan_prefix(const PrefixForest& forest, const DecodeBatch& batch, con
   // Launch order: the longest units first, a run's row chunks together (stable: they are
   // consecutive already; units of one length by first block, or a split run's chunks would
   // interleave with their other pieces).
-  std::vector<int32_t> order(plan.units.size());
-  std::iota(order.begin(), order.end(), 0);
-  std::stable_sort(order.begin(), order.end(), [&](int32_t a, int32_t b) {
-    const PrefixUnit &x = plan.units[size_t(a)], &y = plan.units[size_t(b)];
+  std::stable_sort(plan.units.begin(), plan.units.end(), [](const PrefixUnit& x, const PrefixUnit& y) {
     return x.num_tokens != y.num_tokens ? x.num_tokens > y.num_tokens : x.block_begin < y.block_begin;
   });
-  std::vector<PrefixUnit> ordered(plan.units.size());
-  for (size_t i = 0; i < order.size(); ++i) ordered[i] = plan.units[size_t(order[i])];
-  plan.units = std::move(ordered);
   return plan;
 }
 
