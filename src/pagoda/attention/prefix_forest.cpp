@@ -99,7 +99,6 @@ class ForestBuilder {
     // Queries ending here first, then the rest (which form the children).
     const auto ending_end = std::partition(q + begin, q + end, [&](int32_t s) { return num_blocks(s) == block_end; });
     const int32_t num_ending = int32_t(ending_end - (q + begin));
-
     const int32_t node = int32_t(forest_.nodes.size());
     forest_.nodes.push_back({.block_begin = position,
                              .block_end = block_end,
@@ -118,7 +117,7 @@ class ForestBuilder {
   const DecodeBatch& batch_;
   const int32_t block_size_;
   std::vector<std::pair<uint64_t, int32_t>> keyed_;  // add_children's (key, query) pairs
-  std::vector<int32_t> num_blocks_;  // per sequence: blocks its KV fills (a division per node and query cost more than the rest)
+  std::vector<int32_t> num_blocks_;  // per sequence: blocks its KV fills, divided out once
   PrefixForest forest_;
 };
 

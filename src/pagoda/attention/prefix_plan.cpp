@@ -1,7 +1,6 @@
 #include "pagoda/attention/prefix_plan.h"
 
 #include <algorithm>
-#include <numeric>
 #include <unordered_map>
 
 #include "pagoda/core/error.h"
