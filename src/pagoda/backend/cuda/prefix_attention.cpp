@@ -114,7 +114,7 @@ static void check_plan(const attention::PrefixPlan& plan, const attention::Decod
 }
 
 KernelUnits kernel_units(const attention::PrefixPlan& plan, int32_t block_size, int32_t one_tile_rows) {
-  constexpr int32_t kTile = 64, kHalfTile = kTile / 2;
+  constexpr int32_t kTile = kPrefixTileTokens, kHalfTile = kTile / 2;
   const auto pairable = [&](const attention::PrefixUnit& u) { return block_size <= kHalfTile && u.num_tokens <= kHalfTile; };
   KernelUnits k;
   k.units.reserve(plan.units.size());
@@ -166,10 +166,9 @@ KernelUnits kernel_units(const attention::PrefixPlan& plan, int32_t block_size, 
 }
 
 int64_t prefix_item_cost(const KernelUnit& u) {
-  constexpr int64_t kTileTokens = 64;
-  const int64_t span = u.second_tokens > 0 ? kTileTokens : u.num_tokens;
+  const int64_t span = u.second_tokens > 0 ? kPrefixTileTokens : u.num_tokens;
   const int64_t tile_cost = u.rows > 64 ? 7 : u.rows > 32 ? 6 : 4;
-  return (span + kTileTokens - 1) / kTileTokens * tile_cost;
+  return (span + kPrefixTileTokens - 1) / kPrefixTileTokens * tile_cost;
 }
 
 PrefixSchedule prefix_schedule(const std::vector<KernelUnit>& units, int32_t num_kv_heads, int32_t workers) {

@@ -11,6 +11,10 @@
 
 namespace pagoda::cuda {
 
+// KV tokens per tile, the kernel's pipeline stage: a pair's units split it in halves, and the
+// host's kernel units and schedule costs count in it.
+inline constexpr int32_t kPrefixTileTokens = 64;
+
 // A plan unit as the kernel runs it, or two short ones sharing one 64-token KV tile (a pair): the
 // first's tokens at tile rows [0, 32), the second's from row 32, and their query rows one after
 // the other (the first's are rows [0, first_rows)).

@@ -81,7 +81,7 @@ struct PrefixTiledConfig {
   static constexpr int kThreads = (kConsumerWarps + kProducerWarps) * 32;
   static constexpr int kConsumerThreads = kConsumerWarps * 32;
   static constexpr int kProducerThreads = kProducerWarps * 32;
-  static constexpr int kTileTokens = 64;
+  static constexpr int kTileTokens = kPrefixTileTokens;
   static constexpr int kMaxRows = kConsumerWarps * 16;  // one m16 fragment per warp (prefix_attention.h)
   // A stage's Q slot holds 64 rows: an item of more rows spans at least two tiles
   // (kernel_units), and its rows from 64 on ride in its second tile's stage.
