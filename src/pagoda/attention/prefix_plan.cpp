@@ -74,13 +74,19 @@ class Packer {
  private:
   int32_t chunks(int32_t queries) const { return (queries + max_queries_ - 1) / max_queries_; }
 
+  // Bytes one pack of `queries` over `tokens` moves per kv head: its KV once per row chunk, and
+  // its q rows.
+  int64_t pack_bytes(int32_t queries, int64_t tokens) const {
+    return int64_t(chunks(queries)) * tokens * token_bytes_ + queries * q_bytes_;
+  }
+
   // Bytes packs [begin, end) move per kv head, before the long-KV split: KV of every row chunk,
   // q rows, and the partial states of the queries they cut into several pieces.
   int64_t bytes(size_t begin, size_t end) {
     int64_t total = 0;
     for (size_t i = begin; i < end; ++i) {
       const Pack& pack = packs[i];
-      total += int64_t(chunks(pack.num_queries)) * pack.num_tokens * token_bytes_ + pack.num_queries * q_bytes_;
+      total += pack_bytes(pack.num_queries, pack.num_tokens);
       for (int32_t j = 0; j < pack.num_queries; ++j) ++pieces_[size_t(pack_queries[size_t(pack.query_begin + j)])];
     }
     for (size_t i = begin; i < end; ++i) {
@@ -99,7 +105,7 @@ class Packer {
   int64_t unshared_bytes(int32_t node_index, int32_t kv_block) const {
     const PrefixNode& node = forest_.nodes[size_t(node_index)];
     const int64_t kv_tokens = node.token_end - int64_t(kv_block) * shape_.block_size;
-    int64_t total = int64_t(chunks(node.num_ending)) * kv_tokens * token_bytes_ + node.num_ending * q_bytes_;
+    int64_t total = pack_bytes(node.num_ending, kv_tokens);
     for (int32_t c = node.first_child; c >= 0; c = forest_.nodes[size_t(c)].next_sibling) total += unshared_bytes(c, kv_block);
     return total;
   }

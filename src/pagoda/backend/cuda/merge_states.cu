@@ -13,6 +13,9 @@ namespace {
 constexpr int kWarps = 8;
 constexpr int kBatch = 4;  // partials whose loads a warp issues together
 
+// Rows a warp covers: one 16-byte chunk of a row per lane (the kernel and its launch's grid).
+constexpr int rows_per_warp(int head_dim) { return 32 / (head_dim / 8); }
+
 // 8 consecutive elements of a row (16 bytes, 4 pairs), moved by one vector load or store.
 struct alignas(16) RowChunk {
   uint32_t pairs[4];
@@ -35,7 +38,7 @@ __global__ void __launch_bounds__(kWarps * 32, 4)
                                 const T* __restrict__ partial_o, const float* __restrict__ partial_lse,
                                 T* __restrict__ out, float* __restrict__ lse) {
   constexpr int kLanesPerRow = kHeadDim / 8;
-  constexpr int kRowsPerWarp = 32 / kLanesPerRow;
+  constexpr int kRowsPerWarp = rows_per_warp(kHeadDim);
   __shared__ float warp_max[kWarps][kRowsPerWarp];
   __shared__ float warp_sum[kWarps][kRowsPerWarp];
   __shared__ float warp_acc[kWarps][32 * 8];  // when warps_per_row > 1
@@ -169,14 +172,14 @@ void merge_partial_states(const attention::MergeTask* merges, int num_merges, in
   // batch, as long as that keeps it within one wave (an H100 holds 4224 of these warps).
   constexpr int64_t kSmallMergeWarps = 4096;
   const int64_t num_rows = int64_t(num_merges) * heads_per_task * group;
-  const int rows_per_warp = 256 / head_dim;
-  const int64_t row_warps = (num_rows + rows_per_warp - 1) / rows_per_warp;
+  const int warp_rows = rows_per_warp(head_dim);
+  const int64_t row_warps = (num_rows + warp_rows - 1) / warp_rows;
   int warps_per_row = 1;
   while (warps_per_row < kWarps && warps_per_row * kBatch < max_partials &&
          (warps_per_row * 2 * kBatch < max_partials || row_warps * warps_per_row * 2 <= kSmallMergeWarps)) {
     warps_per_row *= 2;
   }
-  const int64_t rows_per_cta = int64_t(kWarps / warps_per_row) * rows_per_warp;
+  const int64_t rows_per_cta = int64_t(kWarps / warps_per_row) * warp_rows;
   config.gridDim = dim3(unsigned((num_rows + rows_per_cta - 1) / rows_per_cta));
   config.blockDim = dim3(kWarps * 32);
   config.stream = stream;
