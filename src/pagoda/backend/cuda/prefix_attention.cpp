@@ -209,12 +209,22 @@ void PrefixWorkspace::upload(const attention::PrefixPlan& plan, const attention:
   const KernelUnits kernel = kernel_units(plan, shape.block_size, tiles.one_tile_rows);
   const int64_t num_items = int64_t(kernel.units.size()) * shape.num_kv_heads;
   if (num_items > INT32_MAX) fail(ErrorKind::kInvalidArgument, "prefix attention: {} work items", num_items);
-  units.upload(kernel.units, stream);
   const PrefixSchedule plan_schedule = prefix_schedule(kernel.units, shape.num_kv_heads, tiles.workers);
   if (plan_schedule.slots.size() > size_t(INT32_MAX)) {
     fail(ErrorKind::kInvalidArgument, "prefix attention: a schedule of {} slots", plan_schedule.slots.size());
   }
-  schedule.upload(plan_schedule.slots, stream);
+  // Each slot's unit and kv head, so that the kernel reads them with two independent loads rather
+  // than the item and then its unit: a round trip less before a CTA's first tile.
+  std::vector<KernelUnit> units_by_slot(plan_schedule.slots.size());
+  std::vector<int32_t> heads_by_slot(plan_schedule.slots.size(), -1);
+  for (size_t slot = 0; slot < plan_schedule.slots.size(); ++slot) {
+    const int32_t item = plan_schedule.slots[slot];
+    if (item < 0) continue;
+    units_by_slot[slot] = kernel.units[size_t(item / shape.num_kv_heads)];
+    heads_by_slot[slot] = item % shape.num_kv_heads;
+  }
+  slot_units.upload(units_by_slot, stream);
+  slot_heads.upload(heads_by_slot, stream);
   ctas = plan_schedule.ctas;
   unit_queries.upload(kernel.queries, stream);
   merges.upload(plan.merges, stream);
@@ -244,7 +254,9 @@ void prefix_attention(PrefixWorkspace& workspace, const attention::AttentionShap
   }
   if (workspace.ctas > 0) {
     const PrefixParams params{
-        .units = workspace.units.data(),
+        .slot_units = workspace.slot_units.data(),
+        .slot_heads = workspace.slot_heads.data(),
+        .num_slots = int32_t(workspace.slot_heads.size()),
         .unit_queries = workspace.unit_queries.data(),
         .block_ids = workspace.block_ids.data(),
         .pool = kv_pool_params(kv, shape.block_size),
@@ -253,10 +265,7 @@ void prefix_attention(PrefixWorkspace& workspace, const attention::AttentionShap
         .lse = lse,
         .partial_o = workspace.partial_o.data(),
         .partial_lse = workspace.partial_lse.data(),
-        .schedule = workspace.schedule.data(),
-        .num_slots = int32_t(workspace.schedule.size()),
         .num_q_heads = shape.num_q_heads,
-        .num_kv_heads = shape.num_kv_heads,
         .group = shape.group_size(),
         .num_pieces = workspace.num_pieces,
         .scale_log2 = shape.softmax_scale * std::numbers::log2e_v<float>,

@@ -90,7 +90,8 @@ PrefixSchedule prefix_schedule(const std::vector<KernelUnit>& units, int32_t num
 // What a step's prefix attention reads from device memory, uploaded once per step and shared by
 // every layer.
 struct PrefixWorkspace {
-  DeviceArray<KernelUnit> units;
+  DeviceArray<KernelUnit> slot_units;  // PrefixParams::slot_units
+  DeviceArray<int32_t> slot_heads;     // PrefixParams::slot_heads
   DeviceArray<attention::UnitQuery> unit_queries;  // KernelUnits::queries
   DeviceArray<attention::MergeTask> merges;
   DeviceArray<int32_t> block_ids;
@@ -101,7 +102,6 @@ struct PrefixWorkspace {
   int32_t num_pieces = 0;
   int32_t max_partials = 0;  // of any merge task
   int32_t num_kv_heads = 0;
-  DeviceArray<int32_t> schedule;  // PrefixSchedule::slots
   int32_t ctas = 0;  // the persistent grid: PrefixSchedule::ctas, for the tiles' workers
   int32_t min_block_id = 0;
   int32_t max_block_id = -1;

@@ -1,7 +1,7 @@
 // What prefix_tiled_kernel reads: a PrefixPlan's units as kernel units (prefix_attention.h's
-// kernel_units) over one layer's paged pools (item i is kernel unit i / num_kv_heads for kv head
-// i % num_kv_heads), which CTA runs which items (prefix_schedule), and where each item's states
-// go. Plain data, filled on the host and taken by value by the kernel.
+// kernel_units) over one layer's paged pools, an item being one unit for one kv head, which CTA
+// runs which items (prefix_schedule), and where each item's states go. Plain data, filled on the
+// host and taken by value by the kernel.
 #pragma once
 
 #include <cstdint>
@@ -30,7 +30,11 @@ struct KernelUnit {
 };
 
 struct PrefixParams {
-  const KernelUnit* units;  // launch order
+  // The schedule (prefix_schedule): CTA c's n-th item at slot c + n * gridDim.x, its unit and its
+  // kv head, -1 past the CTA's last item.
+  const KernelUnit* slot_units;  // [num_slots]
+  const int32_t* slot_heads;     // [num_slots]
+  int32_t num_slots;
   const attention::UnitQuery* unit_queries;
   const int32_t* block_ids;  // DecodeBatch::block_ids
   KvPoolParams pool;  // the layer's K and V
@@ -39,10 +43,7 @@ struct PrefixParams {
   float* lse;          // [num_seqs, num_q_heads] or null
   void* partial_o;     // [num_kv_heads * num_pieces, group, head_dim] T
   float* partial_lse;  // [num_kv_heads * num_pieces, group]
-  const int32_t* schedule;  // [num_slots]: CTA c's n-th item at c + n * gridDim.x, -1 past its last
-  int32_t num_slots;
   int32_t num_q_heads;
-  int32_t num_kv_heads;
   int32_t group;
   int32_t num_pieces;
   float scale_log2;  // softmax scale * log2(e)

@@ -163,15 +163,14 @@ __global__ void __launch_bounds__(PrefixTiledConfig<kHeadDim>::kThreads, 1)
       int32_t block_begin, num_tokens, query_begin, rows, kv_shared, kv_head;  // kv_head -1: none
       int32_t second_block_begin, pair_split, first_rows;
     };
-    auto read_unit = [&](int n) {  // the CTA's n-th item
+    auto read_unit = [&](int n) {  // the CTA's n-th item: its unit and kv head, loaded side by side
       const int slot = int(blockIdx.x) + n * int(gridDim.x);
-      const int item = slot < p.num_slots ? __ldg(&p.schedule[slot]) : -1;
-      if (item < 0) return Unit{0, 0, 0, 0, 0, -1, 0, 0, 0};
-      const KernelUnit& u = p.units[item / p.num_kv_heads];
+      if (slot >= p.num_slots) return Unit{0, 0, 0, 0, 0, -1, 0, 0, 0};
+      const KernelUnit& u = p.slot_units[slot];
       const int second_tokens = __ldg(&u.second_tokens), num_tokens = __ldg(&u.num_tokens);
       const bool pair = second_tokens > 0;
       return Unit{__ldg(&u.block_begin), pair ? C::kTileTokens / 2 + second_tokens : num_tokens,
-                  __ldg(&u.query_begin), __ldg(&u.rows), __ldg(&u.kv_shared), item % p.num_kv_heads,
+                  __ldg(&u.query_begin), __ldg(&u.rows), __ldg(&u.kv_shared), __ldg(&p.slot_heads[slot]),
                   __ldg(&u.second_block_begin), pair ? num_tokens : 0, __ldg(&u.first_rows)};
     };
     int window = 0;
