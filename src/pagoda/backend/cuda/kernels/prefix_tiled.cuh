@@ -258,6 +258,10 @@ __global__ void __launch_bounds__(PrefixTiledConfig<kHeadDim>::kThreads, 1)
     const int64_t v_minus_k = static_cast<const T*>(p.pool.v) - static_cast<const T*>(p.pool.k);
     // row / group for the Q rows (row < 128) without a division: (row * magic) >> 32.
     const uint64_t group_magic = (uint64_t(1) << 32) / uint32_t(p.group) + 1;
+    // KV that only its item reads is marked evict_first, as in the decode kernel, so that it does
+    // not push out the shared nodes and the partial states still to be read (branches, not a
+    // policy chosen per item: ptx::prefetch_l2_evict_last says why).
+    const uint64_t evict_first = ptx::evict_first_policy();
     auto copy_tile = [&](int step) -> bool {
       ptx::cp_async_wait<C::kLookahead - 1>();  // the look-ahead's copies for this tile landed
       ptx::named_barrier(2, C::kProducerThreads);  // and its plain writes are visible
@@ -294,8 +298,14 @@ __global__ void __launch_bounds__(PrefixTiledConfig<kHeadDim>::kThreads, 1)
             ptx::prefetch_l2_evict_last(k_src + v_minus_k);
           }
           const uint32_t bytes = valid ? 16 : 0;
-          ptx::cp_async_16(k_dst + pass * kRowsPerPass * C::kRowBytes, k_src, bytes);
-          ptx::cp_async_16(v_dst + pass * kRowsPerPass * C::kRowBytes, k_src + v_minus_k, bytes);
+          const uint32_t dst = pass * kRowsPerPass * C::kRowBytes;
+          if (kv_shared) {  // kept in L2 by the prefetch above
+            ptx::cp_async_16(k_dst + dst, k_src, bytes);
+            ptx::cp_async_16(v_dst + dst, k_src + v_minus_k, bytes);
+          } else {  // read by this item alone: the first lines L2 gives up
+            ptx::cp_async_16_hint(k_dst + dst, k_src, bytes, evict_first);
+            ptx::cp_async_16_hint(v_dst + dst, k_src + v_minus_k, bytes, evict_first);
+          }
         }
         // Q rows [0, 64) with the item's first tile, the rest with its second.
         if (tile == 0 || (tile == 1 && rows > C::kStageQRows)) {
