@@ -42,7 +42,7 @@
 // 16-byte chunk c of every shared row r is stored at chunk c ^ (r % 8), so the 8 row addresses
 // of each ldmatrix hit distinct bank groups. KV that other items also read (kv_shared: a node's
 // row chunks, and units that read their ancestors' KV) is first prefetched into L2 marked
-// evict_last, one instruction per 128-byte line.
+// evict_last, one instruction per 128-byte line; the rest is copied evict_first.
 #pragma once
 
 #include <cmath>
