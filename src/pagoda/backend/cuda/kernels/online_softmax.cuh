@@ -5,11 +5,14 @@
 
 #include <cmath>
 
+#include "pagoda/backend/cuda/kernels/ptx.cuh"
+
 namespace pagoda::cuda {
 
-// s: kTiles n-tiles of 8 scores, already scaled to the exp2 domain and -inf where masked.
-// Replaces s with P = exp2(s - reference), adds P's row sums to row_sum (this lane's columns
-// only), and rescales row_sum and O when a row's reference moves.
+// s: kTiles n-tiles of 8 raw scores (q . k), -inf where masked; scale_log2: the softmax scale
+// times log2(e), which takes them to the exp2 domain inside the exponent's FFMA rather than by a
+// multiply of its own. Replaces s with P = exp2(s * scale_log2 - reference), adds P's row sums to
+// row_sum (this lane's columns only), and rescales row_sum and O when a row's reference moves.
 //
 // The reference (row_max) is a row's maximum so far, kept lazily: it moves only when a score
 // exceeds it by more than kLazyRescaleLog2, so P stays <= 2^8 (exact to fp16's and bf16's
@@ -22,8 +25,8 @@ namespace pagoda::cuda {
 inline constexpr float kLazyRescaleLog2 = 8.f;
 
 template <int kTiles, int kDimTiles>
-__device__ __forceinline__ void online_softmax_step(float (&s)[kTiles][4], float (&row_max)[2], float (&row_sum)[2],
-                                                    float (&o_acc)[kDimTiles][4]) {
+__device__ __forceinline__ void online_softmax_step(float (&s)[kTiles][4], float scale_log2, float (&row_max)[2],
+                                                    float (&row_sum)[2], float (&o_acc)[kDimTiles][4]) {
   float correction[2];
   bool rescale = false;  // a row of this lane moved a finite reference: O holds its old scale
 #pragma unroll
@@ -34,19 +37,21 @@ __device__ __forceinline__ void online_softmax_step(float (&s)[kTiles][4], float
     // Over the row: the 4 lanes sharing g.
     step_max = fmaxf(step_max, __shfl_xor_sync(0xffffffffu, step_max, 1));
     step_max = fmaxf(step_max, __shfl_xor_sync(0xffffffffu, step_max, 2));
+    step_max *= scale_log2;  // the scale is positive: the maximum's place is the same
     const bool moves = step_max > row_max[h] + kLazyRescaleLog2;  // always, from -inf to a finite max
     const float reference = moves ? step_max : row_max[h];
     const float base = reference == -INFINITY ? 0.f : reference;
-    correction[h] = moves ? exp2f(row_max[h] - base) : 1.f;  // 0 from -inf: O and the sum are 0 then
+    correction[h] = moves ? ptx::exp2_ftz(row_max[h] - base) : 1.f;  // 0 from -inf: O and the sum are 0 then
     rescale |= moves && row_max[h] != -INFINITY;
     row_max[h] = reference;
+    const float minus_base = -base;
     float sum = 0.f;
 #pragma unroll
     for (int n = 0; n < kTiles; ++n) {
 #pragma unroll
       for (int e = 0; e < 2; ++e) {
         float& x = s[n][2 * h + e];
-        x = exp2f(x - base);
+        x = ptx::exp2_ftz(fmaf(x, scale_log2, minus_base));
         sum += x;
       }
     }

@@ -177,10 +177,10 @@ __global__ void __launch_bounds__(PrefillTiledConfig<kHeadDim>::kThreads)
 #pragma unroll
       for (int j = 0; j < 4; ++j) {  // (row g, keys 8n + 2t, +1), then row g + 8
         const int key = first_key + 8 * n + 2 * t + (j & 1);
-        s[n][j] = needs_mask && key > row_pos[j / 2] ? -INFINITY : s[n][j] * p.scale_log2;
+        if (needs_mask && key > row_pos[j / 2]) s[n][j] = -INFINITY;
       }
     }
-    online_softmax_step(s, row_max, row_sum, o_acc);  // key 0 of every row came first: finite
+    online_softmax_step(s, p.scale_log2, row_max, row_sum, o_acc);  // key 0 of every row came first: finite
 
 #pragma unroll
     for (int kk = 0; kk < C::kKeysPerTile / 16; ++kk) {
@@ -232,7 +232,7 @@ __global__ void __launch_bounds__(PrefillTiledConfig<kHeadDim>::kThreads)
     sum += __shfl_xor_sync(0xffffffffu, sum, 1);
     sum += __shfl_xor_sync(0xffffffffu, sum, 2);
     if (!row_valid[h]) continue;
-    const float inv = 1.f / sum;  // sum >= 1: the max key adds exp2(max - reference) >= 1
+    const float inv = 1.f / sum;  // sum >= 1 (to rounding): the max key adds exp2(max - reference) >= 1
     const int row = warp * 16 + g + 8 * h;
     const int64_t out_row = int64_t(tile.row_begin + row_token[h]) * p.num_q_heads +
                             int64_t(kv_head) * p.group + row % p.group;

@@ -418,16 +418,22 @@ __global__ void __launch_bounds__(PrefixTiledConfig<kHeadDim>::kThreads, 1)
         ptx::mma_16x8x16<T>(s[2 * c + 1], q_frag[ks], b[2], b[3]);
       }
     }
+    // Most steps lie inside every row's range (a long item's tiles before its last): the mask's
+    // three instructions per score only where some row of the warp ends or starts inside.
+    const int step_begin = token0 + first, step_end = step_begin + 16 * kChunks;
+    const bool partly = step_begin < max(token_begin[0], token_begin[1]) || step_end > min(token_end[0], token_end[1]);
+    if (__any_sync(0xffffffffu, partly)) {
 #pragma unroll
-    for (int j = 0; j < 2 * kChunks; ++j) {
+      for (int j = 0; j < 2 * kChunks; ++j) {
 #pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const int token = token0 + first + 8 * j + 2 * t + (e & 1);
-        const bool real = token >= token_begin[e / 2] && token < token_end[e / 2];
-        s[j][e] = real ? s[j][e] * p.scale_log2 : -INFINITY;
+        for (int e = 0; e < 4; ++e) {
+          const int token = step_begin + 8 * j + 2 * t + (e & 1);
+          const bool real = token >= token_begin[e / 2] && token < token_end[e / 2];
+          if (!real) s[j][e] = -INFINITY;
+        }
       }
     }
-    online_softmax_step(s, row_max, row_sum, o_acc);
+    online_softmax_step(s, p.scale_log2, row_max, row_sum, o_acc);
     uint32_t a[kChunks][4];  // P's A fragments: chunk c is S's n-tiles 2c and 2c + 1
 #pragma unroll
     for (int c = 0; c < kChunks; ++c) {
@@ -516,7 +522,7 @@ __global__ void __launch_bounds__(PrefixTiledConfig<kHeadDim>::kThreads, 1)
       if (row >= rows) continue;
       const attention::UnitQuery uq = queries[row / p.group];
       const int head = row % p.group;
-      const float inv = 1.f / row_sum[h];  // row_sum >= 1: the max token adds exp2(max - reference) >= 1
+      const float inv = 1.f / row_sum[h];  // >= 1 (to rounding): the max token adds exp2(max - reference) >= 1
       const float lse = row_max[h] * float(M_LN2) + logf(row_sum[h]);
       // The output row, or the row's partial slot (o in T as well: half the bytes of fp32 to
       // write and merge, and no less precise than the output it becomes).

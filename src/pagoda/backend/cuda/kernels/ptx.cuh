@@ -153,6 +153,15 @@ __device__ __forceinline__ void ldmatrix_x4_trans(uint32_t (&r)[4], uint32_t add
 __device__ __forceinline__ void launch_dependents() { asm volatile("griddepcontrol.launch_dependents;" ::: "memory"); }
 __device__ __forceinline__ void wait_prerequisite_grid() { asm volatile("griddepcontrol.wait;" ::: "memory"); }
 
+// 2^x on the SFU, a subnormal result flushed to 0: one MUFU.EX2, where exp2f (ex2.approx.f32)
+// wraps it in instructions that keep subnormal results. The softmax weights are exp2 of x <= 8,
+// summed into sums of at least 1 (online_softmax.cuh): a weight below 2^-126 changes nothing.
+__device__ __forceinline__ float exp2_ftz(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+  return y;
+}
+
 // Transposes one 8x8 b16 matrix held as a fragment across the warp.
 __device__ __forceinline__ uint32_t movmatrix_trans(uint32_t x) {
   uint32_t y;
