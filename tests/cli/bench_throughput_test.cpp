@@ -88,6 +88,10 @@ TEST_F(BenchThroughput, OfflineCountsTokensStepsAndRooflineBytes) {
   EXPECT_EQ(f["steps"], 6);  // one prefill step (with each first token), five decode steps
   EXPECT_EQ(f["preemptions"], 0);
   EXPECT_EQ(f["prefix_hit_tokens"], 0);  // distinct random prompts share no block
+  EXPECT_EQ(f["prefix_attention_steps"], 0);  // --attention auto: no step shares a block
+  // Host planning is part of each step's wall time.
+  EXPECT_GT(f["step_planning_us_mean"].get<double>(), 0);
+  EXPECT_LT(f["step_planning_us_mean"].get<double>() * 6, 1e6 * f["wall_s"].get<double>());
 
   const auto& roof = j["roofline"];
   EXPECT_EQ(roof["decode_steps"], 5);
@@ -108,6 +112,18 @@ TEST_F(BenchThroughput, OfflineCountsTokensStepsAndRooflineBytes) {
   EXPECT_NEAR(roof["bound_s"].get<double>(), roof["bytes_read"].get<double>() / bandwidth, 1e-12);
   EXPECT_NEAR(roof["fraction_of_bound"].get<double>(),
               roof["bound_s"].get<double>() / roof["measured_s"].get<double>(), 1e-9);
+}
+
+// --attention prefix attends prefix-aware in every step that decodes (here all but the first).
+TEST_F(BenchThroughput, PrefixAttentionCountsItsSteps) {
+  const std::string json = json_path("prefix.json");
+  const auto r =
+      run_pagoda("bench throughput" + model() + " --batch 3 --input 20 --output 6 --attention prefix --json " + json);
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  const nlohmann::json j = read_json(json);
+  const auto& f = j["figures"];
+  EXPECT_EQ(f["steps"], 6);
+  EXPECT_EQ(f["prefix_attention_steps"], 5);
 }
 
 TEST_F(BenchThroughput, ReplaySharesPrefixesAndReportsTheScaling) {

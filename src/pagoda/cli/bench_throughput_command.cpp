@@ -77,6 +77,8 @@ struct RunResult {
   double wall_s = 0;  // until the last token
   EngineStats stats;
   int32_t kv_blocks = 0;
+  int64_t prefix_steps = 0;     // steps whose decode rows attended prefix-aware
+  double step_planning_s = 0;   // host time making steps ready (Model::step_planning_seconds)
 };
 
 
@@ -103,6 +105,9 @@ RunResult run_workload(Session& session, const EngineOptions& options, const std
 
   size_t next = 0, started = 0, finished = 0;
   int64_t tokens = 0;
+  // The model outlives each run's engine (warm-up, then the workload): its counters are differenced.
+  const int64_t prefix_steps_before = session.model->prefix_steps();
+  const double planning_before = session.model->step_planning_seconds();
   const auto start = Clock::now();
   double last_report = 0;
   while (next < workload.size() || engine.has_work()) {
@@ -154,6 +159,8 @@ RunResult run_workload(Session& session, const EngineOptions& options, const std
     }
   }
   result.stats = engine.stats();
+  result.prefix_steps = session.model->prefix_steps() - prefix_steps_before;
+  result.step_planning_s = session.model->step_planning_seconds() - planning_before;
   for (const RequestTiming& t : result.requests) result.wall_s = std::max(result.wall_s, t.last_token_s);
   return result;
 }
@@ -366,6 +373,9 @@ void run_throughput(const ThroughputFlags& f, const CLI::App& cmd) {
               static_cast<long long>(run.stats.prefix_hit_tokens), static_cast<long long>(prompt_tokens));
   std::printf("%-26s %12lld\n", "steps", static_cast<long long>(run.stats.steps));
   std::printf("%-26s %12lld\n", "preemptions", static_cast<long long>(run.stats.preemptions));
+  const double planning_us = run.stats.steps > 0 ? 1e6 * run.step_planning_s / double(run.stats.steps) : 0;
+  std::printf("%-26s %12lld\n", "prefix-attention steps", static_cast<long long>(run.prefix_steps));
+  std::printf("%-26s %12.1f (host: batch, attention plan, upload)\n", "step planning (us/step)", planning_us);
 
   json roofline_json = nullptr;
   if (offline) {
@@ -446,7 +456,8 @@ void run_throughput(const ThroughputFlags& f, const CLI::App& cmd) {
           {"wall_s", run.wall_s}, {"output_tok_s", output_tps}, {"total_tok_s", total_tps},
           {"ttft_ms", to_json(ttft)}, {"tpot_ms", to_json(tpot)}, {"e2e_s", to_json(e2e)},
           {"prefix_hit_tokens", run.stats.prefix_hit_tokens}, {"prefix_hit_rate", hit_rate},
-          {"steps", run.stats.steps}, {"preemptions", run.stats.preemptions}}},
+          {"steps", run.stats.steps}, {"preemptions", run.stats.preemptions},
+          {"prefix_attention_steps", run.prefix_steps}, {"step_planning_us_mean", planning_us}}},
         {"roofline", roofline_json},
     };
     write_json_file(f.json_path, j);

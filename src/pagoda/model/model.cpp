@@ -1,6 +1,7 @@
 #include "pagoda/model/model.h"
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 
 #include "pagoda/core/error.h"
@@ -230,11 +231,13 @@ void Model::forward_layers(const StepBatch& step) {
 
 void Model::run(std::span<const SequenceChunk> chunks) {
   if (kv_block_size_ == 0) fail(ErrorKind::kInternal, "forward before allocate_kv_cache");
+  const auto planning_start = std::chrono::steady_clock::now();
   step_ = plan_step(chunks);
   logit_rows_ = 0;
   for (const SequenceChunk& chunk : chunks) logit_rows_ += chunk.want_logits;
   reserve(step_.num_rows(), int64_t(step_.logit_rows.size()));
   backend_.begin_step(step_);
+  step_planning_seconds_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - planning_start).count();
   if (step_.graph_rows > 0) {
     backend_.run_graph(workspace_generation_ * 65536 + step_.graph_rows, [this] { forward_layers(step_); });
   } else {

@@ -59,6 +59,10 @@ class Model {
   std::span<const float> forward(std::span<const SequenceChunk> chunks);
   // Steps so far whose decode rows attended prefix-aware (LoadOptions::attention).
   int64_t prefix_steps() const { return prefix_steps_; }
+  // Host seconds, summed over steps, spent making each step ready to launch: its batch, its
+  // attention plan (the prefix planner's or plan_decode's) and the backend's per-step upload. The
+  // engine waits for a step's tokens before it plans the next, so the GPU idles for this long.
+  double step_planning_seconds() const { return step_planning_seconds_; }
 
  private:
   StepBatch plan_step(std::span<const SequenceChunk> chunks);
@@ -75,6 +79,7 @@ class Model {
   // plan, so a step whose sequences only grew updates it instead of planning anew.
   std::optional<attention::PrefixPlanner> prefix_planner_;
   int64_t prefix_steps_ = 0;
+  double step_planning_seconds_ = 0;
 
   // Activations, sized for the largest step so far. A CUDA graph captured over them is keyed by
   // workspace_generation_, which changes whenever they are reallocated.
