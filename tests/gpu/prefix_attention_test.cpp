@@ -278,17 +278,17 @@ TEST(PrefixKernelUnits, CutsOneTileUnitsOfMoreRowsThanAStage) {
 }
 
 TEST(PrefixSchedule, RunsEveryItemOnceLongestFirst) {
-  // 3 CTAs. Unit 0: 256 tokens of 128 rows (cost 4 x 7); then eight one-tile units of 8 rows
+  // 3 CTAs. Unit 0: 256 tokens of 128 rows (cost 4 x 6); then eight one-tile units of 8 rows
   // (cost 4 each), one kv head. A round-robin would give CTA 0 the long unit and two of the
-  // short ones (36); the schedule gives it the long one alone, the short ones to CTAs 1 and 2
+  // short ones (32); the schedule gives it the long one alone, the short ones to CTAs 1 and 2
   // (4 each: 16).
   std::vector<KernelUnit> units;
   units.push_back({.block_begin = 0, .num_tokens = 256, .query_begin = 0, .rows = 128, .first_rows = 128});
   for (int i = 0; i < 8; ++i) units.push_back({.block_begin = 0, .num_tokens = 48, .query_begin = 0, .rows = 8, .first_rows = 8});
-  EXPECT_EQ(prefix_item_cost(units[0]), 28);
+  EXPECT_EQ(prefix_item_cost(units[0]), 24);
   EXPECT_EQ(prefix_item_cost(units[1]), 4);
-  EXPECT_EQ(prefix_item_cost({.num_tokens = 65, .rows = 64, .first_rows = 64}), 12);
-  EXPECT_EQ(prefix_item_cost({.num_tokens = 32, .rows = 40, .second_tokens = 20, .first_rows = 20}), 6);  // a pair: one tile
+  EXPECT_EQ(prefix_item_cost({.num_tokens = 65, .rows = 64, .first_rows = 64}), 10);
+  EXPECT_EQ(prefix_item_cost({.num_tokens = 32, .rows = 40, .second_tokens = 20, .first_rows = 20}), 5);  // a pair: one tile
   const PrefixSchedule schedule = prefix_schedule(units, 1, 3);
   ASSERT_EQ(schedule.ctas, 3);
   ASSERT_EQ(schedule.slots.size(), 12u);  // 4 rounds
@@ -308,7 +308,7 @@ TEST(PrefixSchedule, RunsEveryItemOnceLongestFirst) {
     const bool pair = tokens <= 32 && rows <= 64 && rng() % 2;
     units.push_back({.block_begin = 0, .num_tokens = tokens, .query_begin = 0, .rows = rows,
                      .second_tokens = pair ? 16 : 0, .first_rows = rows});
-    const int64_t cost = (pair ? 1 : (tokens + 63) / 64) * (rows > 64 ? 7 : rows > 32 ? 6 : 4);
+    const int64_t cost = (pair ? 1 : (tokens + 63) / 64) * (rows > 64 ? 6 : rows > 32 ? 5 : 4);
     total += 4 * cost;
     largest = std::max(largest, cost);
   }

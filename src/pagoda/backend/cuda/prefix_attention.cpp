@@ -167,7 +167,7 @@ KernelUnits kernel_units(const attention::PrefixPlan& plan, int32_t block_size, 
 
 int64_t prefix_item_cost(const KernelUnit& u) {
   const int64_t span = u.second_tokens > 0 ? kPrefixTileTokens : u.num_tokens;
-  const int64_t tile_cost = u.rows > 64 ? 7 : u.rows > 32 ? 6 : 4;
+  const int64_t tile_cost = u.rows > 64 ? 6 : u.rows > 32 ? 5 : 4;
   return (span + kPrefixTileTokens - 1) / kPrefixTileTokens * tile_cost;
 }
 
