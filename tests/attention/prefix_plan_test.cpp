@@ -548,6 +548,28 @@ TEST(PrefixPlan, LongKvSplitCutsALongRootIntoEqualPieces) {
   EXPECT_EQ(four.split_tokens, 2048);
 }
 
+// 256 sequences of 4096 tokens, no sharing, on 132 workers: no unit is longer than a fair share,
+// but 2048 whole units (8 kv heads) take 16 rounds for 15.5 rounds of work. Cut in 3 (whole
+// blocks: 1376, 1376, 1344) they take 47 rounds for 46.5; at 32 kv heads 8192 units take 63 for
+// 62.1, cut in 2, 125 for 124.1. At 1 kv head no cut of up to 8 fills its rounds to 99%.
+TEST(PrefixPlan, UnitsOfOneLengthAreCutToFillTheirRounds) {
+  const DecodeBatch batch = make_tree_batch(parse_prefix_tree("256_4096"), 16, 3);
+  const PrefixPlanOptions options;
+  PrefixPlanOptions unsplit = options;
+  unsplit.split = false;
+  for (const auto& [kv_heads, split_tokens, pieces] :
+       std::vector<std::tuple<int32_t, int32_t, size_t>>{{8, 1376, 3}, {32, 2048, 2}, {1, 0, 1}}) {
+    SCOPED_TRACE(kv_heads);
+    const AttentionShape shape = shape_of(4, kv_heads);
+    const PrefixPlan plan = plan_prefix(batch, shape, DeviceInfo{.num_workers = 132}, options);
+    check_plan(plan, batch, shape, options);
+    check_split(plan, plan_prefix(batch, shape, DeviceInfo{.num_workers = 132}, unsplit), options, 16);
+    EXPECT_EQ(plan.split_tokens, split_tokens);
+    EXPECT_EQ(plan.units.size(), 256 * pieces);
+    EXPECT_EQ(plan.merges.size(), pieces > 1 ? 256u : 0u);
+  }
+}
+
 // A unit just over the piece length is not cut into two pieces both shorter than the minimum.
 TEST(PrefixPlan, LongKvSplitKeepsPiecesAtLeastTheMinimum) {
   DecodeBatch batch;
