@@ -15,7 +15,8 @@
 //      stays in L2, as are units of merged children (their ancestors' KV is read by others);
 //   4. the long-KV split: units longer than a worker's fair share of the batch are cut into
 //      equal pieces, so no worker finishes long after the others (the paper cuts at the batch
-//      mean, which multiplies partial states where short tails dominate: prefix_plan.cpp);
+//      mean, which multiplies partial states where short tails dominate: prefix_plan.cpp), and
+//      units all of one length are cut into pieces that fill their rounds over the workers;
 //   5. merges: a query covered by several units gets one partial state per unit and a merge task
 //      (merge.h's ⊕, one per kv head); a query covered by one unit gets its output from it.
 // The plan reads block ids and lengths only. Kernels run its items in order (item i: unit
