@@ -208,11 +208,10 @@ int32_t split_length(const std::vector<PrefixUnit>& units, const AttentionShape&
   };
   if (length >= longest) {
     if (!one_length) return 0;
-    const int64_t whole = int64_t(units.size()) * shape.num_kv_heads;
     for (int64_t cut = 1; cut <= 8; ++cut) {
       const int64_t piece = ((longest + cut - 1) / cut + bs - 1) / bs * bs;  // whole blocks
       if (piece < floor) return 0;
-      const int64_t n = whole * ((longest + piece - 1) / piece), rounds = (n + workers - 1) / workers;
+      const int64_t n = items(piece), rounds = (n + workers - 1) / workers;
       if (100 * n >= 99 * rounds * workers) return piece >= longest ? 0 : int32_t(piece);
     }
     return 0;
