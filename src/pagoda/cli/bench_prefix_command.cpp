@@ -216,20 +216,27 @@ void run_gpu_bench(PrefixBenchFlags flags, const std::vector<HeadSpec>& heads) {
     HeadSpec heads;
     PlanFigures figures;
     cuda::PrefixTiles tiles;
+    bool floor = false;  // the launch floor of its head shape, not a listed batch
   };
   std::vector<Config> configs;
   int64_t pool_bytes = 0;
+  auto add_config = [&](const std::string& tree, HeadSpec h, bool floor) {
+    const attention::AttentionShape shape{.num_q_heads = h.q_heads, .num_kv_heads = h.kv_heads,
+                                          .head_dim = flags.head_dim, .block_size = flags.block_size};
+    cuda::PrefixTiles tiles = cuda::prefix_tiles(shape, dtype);
+    PlanFigures f = plan_figures(tree, h, flags, cuda::prefix_plan_options(tiles), cuda::prefix_device_info(tiles),
+                                 element_bytes);
+    pool_bytes = std::max(pool_bytes, f.num_blocks * flags.block_size * h.kv_heads * flags.head_dim * element_bytes * 2);
+    configs.push_back({h, std::move(f), std::move(tiles), floor});
+  };
   for (const std::string& tree : flags.trees) {
-    for (HeadSpec h : heads) {
-      const attention::AttentionShape shape{.num_q_heads = h.q_heads, .num_kv_heads = h.kv_heads,
-                                            .head_dim = flags.head_dim, .block_size = flags.block_size};
-      cuda::PrefixTiles tiles = cuda::prefix_tiles(shape, dtype);
-      PlanFigures f = plan_figures(tree, h, flags, cuda::prefix_plan_options(tiles), cuda::prefix_device_info(tiles),
-                                   element_bytes);
-      pool_bytes = std::max(pool_bytes, f.num_blocks * flags.block_size * h.kv_heads * flags.head_dim * element_bytes * 2);
-      configs.push_back({h, std::move(f), std::move(tiles)});
-    }
+    for (HeadSpec h : heads) add_config(tree, h, false);
   }
+  // The launch floor of each head shape: one sequence of one block, timed like the batches. It is
+  // what any launch costs here (the launch, and a start from cold caches after the L2 flush), and
+  // it is a large part of the smallest batches' time; the report puts the batches next to it.
+  const std::string floor_tree = fmt::format("1_{}", flags.block_size);
+  for (HeadSpec h : heads) add_config(floor_tree, h, true);
   cuda::L2Flusher flusher;
   std::fprintf(stderr, "bench prefix-attention: filling a %.1f GB KV pool...\n", pool_bytes / 1e9);
   cuda::DeviceArray<uint8_t> pool{size_t(pool_bytes)};
@@ -291,6 +298,14 @@ void run_gpu_bench(PrefixBenchFlags flags, const std::vector<HeadSpec>& heads) {
   const double bandwidth_after = cuda::measure_stream_read_bandwidth();
   const double bandwidth = std::max(bandwidth_before, bandwidth_after);
 
+  auto floor_of = [&](HeadSpec h) -> const Result& {
+    for (size_t k = 0; k < configs.size(); ++k) {
+      if (configs[k].floor && configs[k].heads.q_heads == h.q_heads && configs[k].heads.kv_heads == h.kv_heads) {
+        return results[k];
+      }
+    }
+    fail(ErrorKind::kInternal, "bench prefix-attention: no launch floor for {}/{}", h.q_heads, h.kv_heads);
+  };
   nlohmann::json list = nlohmann::json::array();
   std::printf("pagoda bench prefix-attention: %s, %s, head_dim %d, block %d; streaming read %.1f GB/s, mma.sync "
               "%.1f TFLOP/s\n",
@@ -300,8 +315,10 @@ void run_gpu_bench(PrefixBenchFlags flags, const std::vector<HeadSpec>& heads) {
               "prefix us", "frac", "of bnd", "decode us", "frac");
   for (size_t k = 0; k < configs.size(); ++k) {
     const Config& c = configs[k];
+    if (c.floor) continue;
     const PlanFigures& f = c.figures;
     const Result& r = results[k];
+    const Result& floor = floor_of(c.heads);
     const double memory_us = f.unique_bytes / bandwidth * 1e6;
     const double compute_us = f.flops / mma_peak * 1e6;
     const double bound_us = std::max(memory_us, compute_us);
@@ -330,7 +347,13 @@ void run_gpu_bench(PrefixBenchFlags flags, const std::vector<HeadSpec>& heads) {
                                {"rejected", c.tiles.rejected}}},
                     {"prefix", timing_json(r.prefix)},
                     {"decode", timing_json(r.decode)},
+                    {"floor", {{"prefix_us", floor.prefix.median_us}, {"decode_us", floor.decode.median_us}}},
                     {"max_abs_diff_prefix_vs_decode", r.max_abs_diff}});
+  }
+  for (HeadSpec h : heads) {
+    const Result& floor = floor_of(h);
+    std::printf("launch floor %d/%d (one sequence of %s): prefix %.1f us, decode %.1f us\n", h.q_heads, h.kv_heads,
+                floor_tree.c_str(), floor.prefix.median_us, floor.decode.median_us);
   }
   std::printf("frac: unique KV bytes / median time / streaming-read bandwidth; of bnd: max(unique bytes / bandwidth, "
               "FLOPs / mma.sync peak) / time (bound us: m memory, c compute); decode: issue 3's kernel on the same "
@@ -345,6 +368,9 @@ void run_gpu_bench(PrefixBenchFlags flags, const std::vector<HeadSpec>& heads) {
                    {"mma_peak_tflops", mma_peak / 1e12},
                    {"bound", "max(unique KV bytes / stream_read_gbps, attention FLOPs (4 x kv length x q heads x "
                              "head_dim per query) / mma_peak_tflops); frac = unique KV bytes / time / stream_read_gbps"},
+                   {"floor", fmt::format("per config: the median time of both kernels on the batch {} (one "
+                                         "sequence of one block) with the same heads, timed alike",
+                                         floor_tree)},
                    {"timing", fmt::format("CUDA events, {} warm-up runs, median of {} runs, L2 flushed before each run "
                                           "behind a 200 us GPU sleep; plan times: host, median of 51 after 2 ms of warm-up",
                                           flags.warmup, flags.runs)},
