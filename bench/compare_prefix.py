@@ -13,6 +13,10 @@ a markdown table plus a plot. Each row holds:
     MultiLevelCascadeAttentionWrapper, and pagoda's speed-up over the cascade;
   * the decode-attention kernel of issue 3 on the same batch.
 
+Below the table: the targets met, and (for runs that time it) the launch floor, one sequence of
+one block with the same heads, next to which the small batches are measured: the geometric mean
+of bound / (time - floor), and what a kernel taking exactly the bound plus the floor would score.
+
 Usage:
   python3 bench/compare_prefix.py prefix_attention.json --flashinfer flashinfer_prefix.json \
       --pat ../shared/workloads/pat_reference.md --md prefix_attention.md --plot prefix_attention.png

@@ -9,6 +9,8 @@
 // tensor cores the limit instead. "frac" is unique KV bytes / time / bandwidth (the and
 // PAT's measure); "of bound" is the bound / time. The planner's own cost is timed on the host:
 // planning from scratch, reusing an unchanged plan, and updating it after every sequence grew.
+// Each head shape's launch floor (both kernels on one sequence of one block) is timed alike and
+// recorded with every batch: the fixed cost of a launch here, a large share of a small batch.
 // --plan-only prints the planning figures without a GPU.
 #include <algorithm>
 #include <bit>
