@@ -551,10 +551,11 @@ __global__ void __launch_bounds__(PrefixTiledConfig<kHeadDim>::kThreads, 1)
     if (d.kv_head < 0) break;
     const int tile = d.tile;
     const bool last = d.last;
-    const bool solo = tile == 0 && last && d.rows <= 16;
-    const bool duo = tile == 0 && last && d.rows > 16 && d.rows <= 32;
-    const bool mine = solo  ? warp == stage % C::kItemWarps
-                      : duo ? warp < C::kItemWarps && (warp >> 1) == (stage & 1)
+    // A one-tile item of at most 32 rows goes to its M / 16 warps alone (one or two), the next
+    // ones of the first four by stage; the others to the first four, or all eight past 64 rows.
+    const bool alone = tile == 0 && last && d.rows <= 32;
+    const int alone_warps = prefix_m_tile(d.rows) / 16, first_warp = stage * alone_warps % C::kItemWarps;
+    const bool mine = alone ? warp >= first_warp && warp < first_warp + alone_warps
                             : warp < C::kItemWarps || d.rows > C::kStageQRows;
     if (mine) {
       if (tile == 0) {
@@ -567,7 +568,7 @@ __global__ void __launch_bounds__(PrefixTiledConfig<kHeadDim>::kThreads, 1)
           q_stage = (step + 1) % C::kStages;
           ptx::mbarrier_wait(full_barrier(q_stage), ((step + 1) / C::kStages) & 1);
         }
-        start_item(stage, q_stage, solo || duo, d.pair_split, d.first_rows);
+        start_item(stage, q_stage, alone, d.pair_split, d.first_rows);
       }
       const int token0 = tile * C::kTileTokens;
       if (slice == 16) {  // four warps split the tile: one chunk each
