@@ -48,24 +48,15 @@ def geomean(values: list[float]) -> float:
     return math.exp(sum(math.log(v) for v in values) / len(values)) if values else float("nan")
 
 
-def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("pagoda", help="pagoda bench prefix-attention JSON")
-    ap.add_argument("--flashinfer", help="bench/flashinfer_prefix.py JSON from the same session")
-    ap.add_argument("--pat", required=True, help="shared/workloads/pat_reference.md")
-    ap.add_argument("--md", help="write the markdown table here")
-    ap.add_argument("--plot", help="write a PNG plot here (needs matplotlib)")
-    args = ap.parse_args()
+def summarize(run: dict, pat: dict[tuple[str, str], float], fi: dict) -> tuple[list[dict], dict]:
+    """One row per configuration of the run, and the targets over them.
 
-    with open(args.pagoda) as f:
-        run = json.load(f)
-    pat = load_pat(args.pat)
-    fi = {}
-    if args.flashinfer:
-        with open(args.flashinfer) as f:
-            for c in json.load(f)["configs"]:
-                fi[(c["tree"], f"{c['q_heads']}/{c['kv_heads']}")] = c
-
+    fi: (tree, 'q/kv') -> bench/flashinfer_prefix.py configuration. The summary holds met /
+    total_targets (PAT-based targets), geomean (of the bound, batches with sharing), beat_cascade /
+    cascade_rows, floors ('q/kv' -> (pagoda, issue-3 kernel) µs) and, where the run timed floors,
+    above_floor (geomean of bound / (time - floor)), at_floor (batches timed at or under it) and
+    bound_plus_floor (what a kernel taking the bound plus the floor would score).
+    """
     rows, shared_bound, met, total_targets, beat_cascade, cascade_rows = [], [], 0, 0, 0, 0
     above_floor, at_bound_plus_floor, floors, at_floor = [], [], {}, 0
     for c in run["configs"]:
@@ -103,7 +94,17 @@ def main() -> int:
             "pat": pat_frac, "target": target, "decode_us": c["decode"]["median_us"],
             "fi_decode_us": f.get("decode_us"), "fi_cascade_us": cascade, "vs_cascade": speedup,
         })
+    summary = {
+        "met": met, "total_targets": total_targets, "geomean": geomean(shared_bound),
+        "beat_cascade": beat_cascade, "cascade_rows": cascade_rows, "floors": floors,
+        "above_floor": geomean(above_floor), "at_floor": at_floor,
+        "bound_plus_floor": geomean(at_bound_plus_floor),
+    }
+    return rows, summary
 
+
+def render(run: dict, rows: list[dict], summary: dict) -> str:
+    """The markdown table and the targets below it."""
     def fmt(v, spec):
         return "-" if v is None else format(v, spec)
 
@@ -129,24 +130,47 @@ def main() -> int:
         "bound: m = memory (unique KV bytes / streaming read), c = compute (FLOPs / mma.sync peak). frac: "
         "unique KV bytes / time / streaming read. target: min(1.5 x PAT frac, 0.95).",
         "",
-        f"- PAT targets met: {met} of {total_targets}",
-        f"- geometric mean of the bound reached over the batches with sharing: {geomean(shared_bound):.3f} "
+        f"- PAT targets met: {summary['met']} of {summary['total_targets']}",
+        f"- geometric mean of the bound reached over the batches with sharing: {summary['geomean']:.3f} "
         f"(target 0.6)",
     ]
-    if cascade_rows:
-        lines.append(f"- at least FlashInfer's cascade speed: {beat_cascade} of {cascade_rows}")
-    if floors:
+    if summary["cascade_rows"]:
+        lines.append(f"- at least FlashInfer's cascade speed: {summary['beat_cascade']} of {summary['cascade_rows']}")
+    if summary["floors"]:
+        at_floor = summary["at_floor"]
         lines += [
             "- launch floor (one sequence of one block, same heads, same run; pagoda / issue-3 kernel µs): "
-            + ", ".join(f"{h} {p:.1f} / {d:.1f}" for h, (p, d) in floors.items()),
-            f"- over the batches with sharing, geometric mean of bound / (time - floor): {geomean(above_floor):.3f}"
+            + ", ".join(f"{h} {p:.1f} / {d:.1f}" for h, (p, d) in summary["floors"].items()),
+            f"- over the batches with sharing, geometric mean of bound / (time - floor): {summary['above_floor']:.3f}"
             + (f" ({at_floor} timed at or under the floor left out)" if at_floor else "")
-            + f"; a kernel taking the bound plus the floor would reach {geomean(at_bound_plus_floor):.3f} of the bound",
+            + f"; a kernel taking the bound plus the floor would reach {summary['bound_plus_floor']:.3f} of the bound",
         ]
     for r in nosharing:
         lines.append(f"- `256_4096` {r['heads']}: {r['of_bound']:.3f} of the bound (target 0.95), "
                      f"{r['decode_us'] / r['us']:.3f}x the issue-3 kernel (target 0.98)")
-    text = "\n".join(lines) + "\n"
+    return "\n".join(lines) + "\n"
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("pagoda", help="pagoda bench prefix-attention JSON")
+    ap.add_argument("--flashinfer", help="bench/flashinfer_prefix.py JSON from the same session")
+    ap.add_argument("--pat", required=True, help="shared/workloads/pat_reference.md")
+    ap.add_argument("--md", help="write the markdown table here")
+    ap.add_argument("--plot", help="write a PNG plot here (needs matplotlib)")
+    args = ap.parse_args()
+
+    with open(args.pagoda) as f:
+        run = json.load(f)
+    pat = load_pat(args.pat)
+    fi = {}
+    if args.flashinfer:
+        with open(args.flashinfer) as f:
+            for c in json.load(f)["configs"]:
+                fi[(c["tree"], f"{c['q_heads']}/{c['kv_heads']}")] = c
+
+    rows, summary = summarize(run, pat, fi)
+    text = render(run, rows, summary)
     print(text)
     if args.md:
         with open(args.md, "w") as f:
