@@ -218,27 +218,28 @@ void run_gpu_bench(PrefixBenchFlags flags, const std::vector<HeadSpec>& heads) {
     HeadSpec heads;
     PlanFigures figures;
     cuda::PrefixTiles tiles;
-    bool floor = false;  // the launch floor of its head shape, not a listed batch
   };
   std::vector<Config> configs;
   int64_t pool_bytes = 0;
-  auto add_config = [&](const std::string& tree, HeadSpec h, bool floor) {
+  auto add_config = [&](const std::string& tree, HeadSpec h) {
     const attention::AttentionShape shape{.num_q_heads = h.q_heads, .num_kv_heads = h.kv_heads,
                                           .head_dim = flags.head_dim, .block_size = flags.block_size};
     cuda::PrefixTiles tiles = cuda::prefix_tiles(shape, dtype);
     PlanFigures f = plan_figures(tree, h, flags, cuda::prefix_plan_options(tiles), cuda::prefix_device_info(tiles),
                                  element_bytes);
     pool_bytes = std::max(pool_bytes, f.num_blocks * flags.block_size * h.kv_heads * flags.head_dim * element_bytes * 2);
-    configs.push_back({h, std::move(f), std::move(tiles), floor});
+    configs.push_back({h, std::move(f), std::move(tiles)});
   };
   for (const std::string& tree : flags.trees) {
-    for (HeadSpec h : heads) add_config(tree, h, false);
+    for (HeadSpec h : heads) add_config(tree, h);
   }
+  const size_t num_batches = configs.size();
   // The launch floor of each head shape: one sequence of one block, timed like the batches. It is
   // what any launch costs here (the launch, and a start from cold caches after the L2 flush), and
   // it is a large part of the smallest batches' time; the report puts the batches next to it.
+  // They follow the batches, in the order of `heads`, as each tree's configurations do.
   const std::string floor_tree = fmt::format("1_{}", flags.block_size);
-  for (HeadSpec h : heads) add_config(floor_tree, h, true);
+  for (HeadSpec h : heads) add_config(floor_tree, h);
   cuda::L2Flusher flusher;
   std::fprintf(stderr, "bench prefix-attention: filling a %.1f GB KV pool...\n", pool_bytes / 1e9);
   cuda::DeviceArray<uint8_t> pool{size_t(pool_bytes)};
@@ -300,14 +301,7 @@ void run_gpu_bench(PrefixBenchFlags flags, const std::vector<HeadSpec>& heads) {
   const double bandwidth_after = cuda::measure_stream_read_bandwidth();
   const double bandwidth = std::max(bandwidth_before, bandwidth_after);
 
-  auto floor_of = [&](HeadSpec h) -> const Result& {
-    for (size_t k = 0; k < configs.size(); ++k) {
-      if (configs[k].floor && configs[k].heads.q_heads == h.q_heads && configs[k].heads.kv_heads == h.kv_heads) {
-        return results[k];
-      }
-    }
-    fail(ErrorKind::kInternal, "bench prefix-attention: no launch floor for {}/{}", h.q_heads, h.kv_heads);
-  };
+  auto floor_of = [&](size_t head_index) -> const Result& { return results[num_batches + head_index]; };
   nlohmann::json list = nlohmann::json::array();
   std::printf("pagoda bench prefix-attention: %s, %s, head_dim %d, block %d; streaming read %.1f GB/s, mma.sync "
               "%.1f TFLOP/s\n",
@@ -315,12 +309,11 @@ void run_gpu_bench(PrefixBenchFlags flags, const std::vector<HeadSpec>& heads) {
               mma_peak / 1e12);
   std::printf("%-42s %6s %9s %9s %9s %9s %6s %7s %9s %6s\n", "tree", "heads", "unique MB", "read MB", "bound us",
               "prefix us", "frac", "of bnd", "decode us", "frac");
-  for (size_t k = 0; k < configs.size(); ++k) {
+  for (size_t k = 0; k < num_batches; ++k) {
     const Config& c = configs[k];
-    if (c.floor) continue;
     const PlanFigures& f = c.figures;
     const Result& r = results[k];
-    const Result& floor = floor_of(c.heads);
+    const Result& floor = floor_of(k % heads.size());
     const double memory_us = f.unique_bytes / bandwidth * 1e6;
     const double compute_us = f.flops / mma_peak * 1e6;
     const double bound_us = std::max(memory_us, compute_us);
@@ -352,8 +345,9 @@ void run_gpu_bench(PrefixBenchFlags flags, const std::vector<HeadSpec>& heads) {
                     {"floor", {{"prefix_us", floor.prefix.median_us}, {"decode_us", floor.decode.median_us}}},
                     {"max_abs_diff_prefix_vs_decode", r.max_abs_diff}});
   }
-  for (HeadSpec h : heads) {
-    const Result& floor = floor_of(h);
+  for (size_t j = 0; j < heads.size(); ++j) {
+    const HeadSpec h = heads[j];
+    const Result& floor = floor_of(j);
     std::printf("launch floor %d/%d (one sequence of %s): prefix %.1f us, decode %.1f us\n", h.q_heads, h.kv_heads,
                 floor_tree.c_str(), floor.prefix.median_us, floor.decode.median_us);
   }
