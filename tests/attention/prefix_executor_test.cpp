@@ -115,7 +115,7 @@ std::vector<float> random_q(const DecodeBatch& batch, const AttentionShape& shap
 TEST(PrefixExecutor, RandomTreesMatchReferenceAndDecode) {
   const DType dtypes[] = {DType::kF32, DType::kF16, DType::kBF16};
   const int32_t groups[] = {1, 2, 4, 7, 8};
-  int32_t with_merges = 0, with_empty = 0;
+  int32_t with_merges = 0, with_empty = 0, with_tails = 0;
   for (uint64_t seed = 1; seed <= 150; ++seed) {
     Random rng(seed);
     testing::RandomTreeOptions tree{.block_size = rng.next(2) ? 16 : 32, .max_roots = 2, .max_depth = 2,
@@ -127,12 +127,18 @@ TEST(PrefixExecutor, RandomTreesMatchReferenceAndDecode) {
     PrefixPlanOptions options{.pack = rng.next(4) != 0, .split = rng.next(2) != 0};
     if (rng.next(2)) options.m_tiles = {16, 32};
     options.min_kv_tokens_per_unit = 16 + int32_t(rng.next(241));
-    const DeviceInfo device{.num_workers = 1 + int32_t(rng.next(300))};
+    DeviceInfo device{.num_workers = 1 + int32_t(rng.next(300))};
+    if (device.num_workers % 2) {  // no draw: the seeds' batches stay as they were
+      // Tails, with few workers, whose rounds their items fill (else the planner keeps the leaves).
+      options.max_tail_tokens = 32;
+      device.num_workers = 1 + device.num_workers % 4;
+    }
     const DType dtype = dtypes[seed % 3];
     const KvLayout layout = rng.next(2) ? KvLayout::kHnd : KvLayout::kNhd;
     SCOPED_TRACE("seed " + std::to_string(seed) + " " + std::string(dtype_name(dtype)) + " group " +
                  std::to_string(group) + " kv heads " + std::to_string(kv_heads) + " pack " +
-                 std::to_string(options.pack) + " split " + std::to_string(options.split));
+                 std::to_string(options.pack) + " split " + std::to_string(options.split) + " tails " +
+                 std::to_string(options.max_tail_tokens));
 
     HostPool pool(dtype, layout, num_blocks, tree.block_size, kv_heads, head_dim);
     const std::vector<HostSequence> seqs = fill_batch(pool, batch, rng);
@@ -141,6 +147,7 @@ TEST(PrefixExecutor, RandomTreesMatchReferenceAndDecode) {
 
     const PrefixPlan plan = plan_prefix(batch, shape, device, options);
     with_merges += plan.num_pieces > 0;
+    with_tails += std::any_of(plan.units.begin(), plan.units.end(), [](const PrefixUnit& u) { return u.tails; });
     with_empty += std::count(batch.kv_lengths.begin(), batch.kv_lengths.end(), 0) > 0;
     std::vector<float> out(rows * size_t(head_dim), std::nanf("")), lse(rows, std::nanf(""));
     run_prefix_cpu(plan, batch, shape, pool.view(), q.data(), out.data(), lse.data());
@@ -155,9 +162,10 @@ TEST(PrefixExecutor, RandomTreesMatchReferenceAndDecode) {
     EXPECT_LE(disagreement(lse, decode_lse), kAgreement);
     ASSERT_FALSE(HasFailure());
   }
-  // The seeds cover merged queries and empty sequences.
+  // The seeds cover merged queries, empty sequences and tails.
   EXPECT_GT(with_merges, 60);
   EXPECT_GT(with_empty, 60);
+  EXPECT_GT(with_tails, 10);
 }
 
 // The README's notation, shrunk: every level of sharing, read by a plan with row chunks (group 8

@@ -32,10 +32,11 @@ AttentionShape shape_of(int32_t group, int32_t num_kv_heads, int32_t block_size 
 
 int32_t blocks_for(int32_t tokens, int32_t bs) { return (tokens + bs - 1) / bs; }
 
-// A run of one query's KV that one unit reads.
+// A run of one query's KV that one unit reads (tail: the query's own, after the unit's).
 struct Segment {
   int32_t token_begin, token_end;
   int32_t unit, piece;
+  bool tail = false;
 };
 
 // Per sequence, the KV runs the plan's units read for it, in token order. Checks on the way that
@@ -74,6 +75,19 @@ std::vector<std::vector<Segment>> segments_of(const PrefixPlan& plan, const Deco
         ok = ok && table[size_t(p0 + k)] == batch.block_ids[size_t(unit.block_begin + k)];
       }
       segments[size_t(uq.seq)].push_back({p0 * bs, p0 * bs + unit.num_tokens, int32_t(u), uq.piece});
+      const UnitTail tail = unit.tails ? plan.unit_tails[size_t(unit.query_begin + j)] : UnitTail{0, 0};
+      if (tail.num_tokens == 0) continue;
+      // A tail is the query's own last blocks.
+      const auto tail_at = std::find(table.begin(), used_end, batch.block_ids[size_t(tail.block_begin)]);
+      const int32_t t0 = int32_t(tail_at - table.begin());
+      const int32_t tail_blocks = blocks_for(tail.num_tokens, bs);
+      EXPECT_EQ(t0 * bs + tail.num_tokens, length) << "unit " << u << ": the tail of seq " << uq.seq;
+      ok = ok && tail_at != used_end && t0 * bs + tail.num_tokens == length;
+      for (int32_t k = 0; ok && k < tail_blocks; ++k) {
+        EXPECT_EQ(table[size_t(t0 + k)], batch.block_ids[size_t(tail.block_begin + k)]);
+        ok = table[size_t(t0 + k)] == batch.block_ids[size_t(tail.block_begin + k)];
+      }
+      if (ok) segments[size_t(uq.seq)].push_back({t0 * bs, length, int32_t(u), uq.piece, true});
     }
   }
   for (auto& s : segments) {
@@ -98,6 +112,13 @@ void check_plan(const PrefixPlan& plan, const DecodeBatch& batch, const Attentio
     ASSERT_GT(unit.num_queries, 0);
     ASSERT_LE(size_t(unit.query_begin) + size_t(unit.num_queries), plan.unit_queries.size());
     for (int32_t j = 0; j < unit.num_queries; ++j) ++owner[size_t(unit.query_begin + j)];
+    if (unit.tails) {
+      ASSERT_GT(options.max_tail_tokens, 0);
+      ASSERT_EQ(plan.unit_tails.size(), plan.unit_queries.size());
+      for (int32_t j = 0; j < unit.num_queries; ++j) {
+        EXPECT_LE(plan.unit_tails[size_t(unit.query_begin + j)].num_tokens, options.max_tail_tokens);
+      }
+    }
     const int32_t rows = unit.num_queries * group;
     ASSERT_LE(rows, unit.m_tile);
     const auto tile =
@@ -128,7 +149,7 @@ void check_plan(const PrefixPlan& plan, const DecodeBatch& batch, const Attentio
   size_t expected_merges = 0;
   for (int32_t s = 0; s < batch.num_seqs(); ++s) {
     SCOPED_TRACE("seq " + std::to_string(s));
-    const auto& segs = segments[size_t(s)];
+    auto segs = segments[size_t(s)];
     const int32_t length = batch.kv_lengths[size_t(s)];
     int32_t next = 0;
     for (const Segment& seg : segs) {
@@ -136,6 +157,7 @@ void check_plan(const PrefixPlan& plan, const DecodeBatch& batch, const Attentio
       next = seg.token_end;
     }
     ASSERT_EQ(next, length);
+    segs.erase(std::remove_if(segs.begin(), segs.end(), [](const Segment& seg) { return seg.tail; }), segs.end());
     if (length == 0) {
       ASSERT_EQ(merges.count(s), 1u);
       EXPECT_EQ(merges[s].num_partials, 0);
@@ -200,6 +222,11 @@ RandomCase random_case(Random& rng, bool forks = true) {
   if (rng.next(2)) c.options.m_tiles = {16, 32};
   c.options.min_kv_tokens_per_unit = 16 + int32_t(rng.next(241));
   c.device.num_workers = 1 + int32_t(rng.next(300));
+  if (c.device.num_workers % 2) {  // no draw: the seeds' batches stay as they were
+    // Tails, with few workers, whose rounds their items fill (else the planner keeps the leaves).
+    c.options.max_tail_tokens = 32;
+    c.device.num_workers = 1 + c.device.num_workers % 4;
+  }
   return c;
 }
 
@@ -208,7 +235,7 @@ std::string describe(const RandomCase& c) {
          " bs " + std::to_string(c.shape.block_size) + " pack " + std::to_string(c.options.pack) + " split " +
          std::to_string(c.options.split) + " max tile " + std::to_string(c.options.m_tiles.back()) +
          " min tokens " + std::to_string(c.options.min_kv_tokens_per_unit) + " workers " +
-         std::to_string(c.device.num_workers);
+         std::to_string(c.device.num_workers) + " tails " + std::to_string(c.options.max_tail_tokens);
 }
 
 TEST(PrefixPlan, RandomPlansReadEveryTokenOnceAndMergeEveryPiece) {
@@ -393,6 +420,72 @@ TEST(PrefixPlan, LongRootIsReadOnceForItsLeaves) {
     EXPECT_EQ(plan.num_pieces, 20);
     EXPECT_EQ(plan.merges.size(), 10u);
   }
+}
+
+// 1,4,32_64,128,24 at group 8: each 128-token node's 8 queries read the 64-token root again (a
+// partial state of 8 x 129 x 8 bytes a query saves more than the root's 32 KB costs), and their
+// 24-token leaves. As units of their own the leaves leave each query two partial states; as tails
+// of the node's unit, the query is read by one unit and needs no merge.
+TEST(PrefixPlan, ShortLeavesAreTailsOfTheirParentsUnit) {
+  const AttentionShape shape = shape_of(8, 2);
+  const DecodeBatch batch = make_tree_batch(parse_prefix_tree("1,4,32_64,128,24"), 16, 5);
+  const DeviceInfo device{.num_workers = 8};  // as many as the 4 units' items: none dealt further
+  const PrefixPlanOptions without{.split = false}, with{.split = false, .max_tail_tokens = 32};
+  const PrefixPlan apart = plan_prefix(batch, shape, device, without);
+  check_plan(apart, batch, shape, without);
+  EXPECT_EQ(apart.units.size(), 4u + 32u);
+  EXPECT_EQ(apart.num_pieces, 64);
+  EXPECT_EQ(apart.merges.size(), 32u);
+
+  const PrefixPlan plan = plan_prefix(batch, shape, device, with);
+  check_plan(plan, batch, shape, with);
+  ASSERT_EQ(plan.units.size(), 4u);
+  for (const PrefixUnit& u : plan.units) {
+    EXPECT_EQ(u.num_tokens, 64 + 128);
+    EXPECT_EQ(u.num_queries, 8);
+    EXPECT_EQ(u.tails, 1);
+    for (int32_t j = 0; j < u.num_queries; ++j) {
+      const UnitQuery& uq = plan.unit_queries[size_t(u.query_begin + j)];
+      const UnitTail& tail = plan.unit_tails[size_t(u.query_begin + j)];
+      EXPECT_EQ(uq.piece, -1);
+      EXPECT_EQ(tail.num_tokens, 24);
+      EXPECT_EQ(tail.block_begin, batch.block_offsets[size_t(uq.seq)] + (64 + 128) / 16);
+    }
+  }
+  EXPECT_EQ(plan.num_pieces, 0);
+  EXPECT_TRUE(plan.merges.empty());
+  // The same KV read, without the 64 partial states.
+  const PlanTraffic t = plan_traffic(plan, shape, with), t_apart = plan_traffic(apart, shape, without);
+  EXPECT_EQ(t.kv, t_apart.kv);
+  EXPECT_EQ(t.kv, kv_bytes_of_tokens(4 * 192 + 32 * 24, shape, 2));
+  EXPECT_EQ(t.partial, 0);
+  EXPECT_GT(t_apart.partial, 0);
+
+  // 8 items of 64 rows for 132 workers, which no deal into chunks of 64 rows or more adds to: a
+  // round mostly idle, so the leaves stay apart.
+  const PrefixPlan idle = plan_prefix(batch, shape, DeviceInfo{.num_workers = 132}, with);
+  check_plan(idle, batch, shape, with);
+  EXPECT_EQ(idle.units.size(), apart.units.size());
+  EXPECT_TRUE(std::none_of(idle.units.begin(), idle.units.end(), [](const PrefixUnit& u) { return u.tails; }));
+
+  // At group 8 with 16 workers, 1,4,64_64,128,24's 4 nodes of 16 queries (128 rows) give 8
+  // items: each is dealt into 2 chunks of 64 rows, reading the node again (kv_shared), 16 items.
+  const DecodeBatch wide = make_tree_batch(parse_prefix_tree("1,4,64_64,128,24"), 16, 5);
+  const PrefixPlan dealt = plan_prefix(wide, shape, DeviceInfo{.num_workers = 16}, with);
+  check_plan(dealt, wide, shape, with);
+  ASSERT_EQ(dealt.units.size(), 8u);
+  for (const PrefixUnit& u : dealt.units) {
+    EXPECT_EQ(u.num_queries, 8);
+    EXPECT_EQ(u.m_tile, 64);
+    EXPECT_EQ(u.kv_shared, 1);
+    EXPECT_EQ(u.tails, 1);
+  }
+  EXPECT_TRUE(dealt.merges.empty());
+
+  // Blocks of 64 tokens would put two tails in one block's rows: none.
+  const DecodeBatch big_blocks = make_tree_batch(parse_prefix_tree("1,4,32_64,128,24"), 64, 5);
+  const PrefixPlan no_tails = plan_prefix(big_blocks, shape_of(8, 2, 64), device, with);
+  EXPECT_TRUE(std::none_of(no_tails.units.begin(), no_tails.units.end(), [](const PrefixUnit& u) { return u.tails; }));
 }
 
 // 300 queries under one 256-token root: a 128-row tile holds 128 of them at group 1, so the

@@ -8,7 +8,8 @@
 //     CPU executor running the same plan, and against the exact reference;
 //   - forests whose scores climb along each sequence, so that the online softmax's reference
 //     maximum moves (at every step, and lazily) and O is rescaled.
-//   - on the host: kernel_units (pairs, cuts) and prefix_schedule (every item once, balanced).
+//   - on the host: kernel_units (pairs, cuts, tail tiles) and prefix_schedule (every item once,
+//     balanced).
 // Tolerances are decode_attention_test.cpp's (attention_inputs.h): the kernels round P and the
 // output to the KV dtype as the decode kernel does. Outputs are poisoned with NaN bytes first.
 #include "pagoda/backend/cuda/prefix_attention.h"
@@ -190,7 +191,7 @@ TEST(PrefixKernelUnits, PairsShortUnitsAndKeepsEveryUnit) {
     const attention::DecodeBatch batch = attention::make_tree_batch(spec, c.block_size, 3);
     const AttentionShape shape{.num_q_heads = 2 * c.group, .num_kv_heads = 2, .head_dim = 128, .block_size = c.block_size};
     const PrefixPlan plan = attention::plan_prefix(batch, shape, {.num_workers = 132}, {.split = false, .m_tiles = {16, 32, 64}});
-    const KernelUnits k = kernel_units(plan, c.block_size, 64);
+    const KernelUnits k = kernel_units(plan, batch.block_ids, c.block_size, 64);
     EXPECT_EQ(k.units.size() + size_t(c.pairs), plan.units.size());
     size_t next = 0;  // the plan unit each kernel unit must start with, in order
     for (const KernelUnit& u : k.units) {
@@ -229,7 +230,7 @@ TEST(PrefixKernelUnits, PairsShortUnitsAndKeepsEveryUnit) {
     for (int32_t q = 0; q < queries; ++q) plan.unit_queries.push_back({.seq = int32_t(plan.unit_queries.size()), .piece = -1});
   }
   plan.units.push_back({.block_begin = 8, .num_tokens = 33, .query_begin = 0, .num_queries = 1, .m_tile = 16});
-  const KernelUnits k = kernel_units(plan, 16, 64);
+  const KernelUnits k = kernel_units(plan, {}, 16, 64);
   ASSERT_EQ(k.units.size(), 4u);
   EXPECT_EQ(k.units[0].second_tokens, 0);
   EXPECT_EQ(k.units[1].second_tokens, 32);
@@ -250,7 +251,7 @@ TEST(PrefixKernelUnits, CutsOneTileUnitsOfMoreRowsThanAStage) {
                           .query_begin = int32_t(plan.unit_queries.size()), .num_queries = 16, .m_tile = 128});
     for (int32_t q = 0; q < 16; ++q) plan.unit_queries.push_back({.seq = int32_t(plan.unit_queries.size()), .piece = -1});
   }
-  const KernelUnits k = kernel_units(plan, 16, 64);
+  const KernelUnits k = kernel_units(plan, {}, 16, 64);
   ASSERT_EQ(k.units.size(), 3u);
   for (int i = 0; i < 2; ++i) {
     EXPECT_EQ(k.units[size_t(i)].block_begin, 0);
@@ -269,12 +270,54 @@ TEST(PrefixKernelUnits, CutsOneTileUnitsOfMoreRowsThanAStage) {
   odd.group = 5;
   odd.units.push_back({.block_begin = 0, .num_tokens = 32, .query_begin = 0, .num_queries = 25, .m_tile = 128});
   for (int32_t q = 0; q < 25; ++q) odd.unit_queries.push_back({.seq = q, .piece = -1});
-  const KernelUnits cut = kernel_units(odd, 16, 64);
+  const KernelUnits cut = kernel_units(odd, {}, 16, 64);
   ASSERT_EQ(cut.units.size(), 3u);
   EXPECT_EQ(cut.units[0].rows, 60);
   EXPECT_EQ(cut.units[1].rows, 60);
   EXPECT_EQ(cut.units[2].rows, 5);
   EXPECT_EQ(cut.queries[size_t(cut.units[2].query_begin)].seq, 24);
+}
+
+// Tails: 1,4,32_64,128,24 at group 4 holds 8 queries in each 128-token node's unit, 32 rows: two
+// row blocks of 4 queries, two pairs of 24-token tails each, and two warps splitting each block's
+// tokens (block b: warps b and b + 2). The tiles take the blocks in turn and a block's warps in
+// turn: (warp 0, pair 0), (1, 2), (2, 1), (3, 3); each carries its queries' blocks in its halves.
+TEST(PrefixKernelUnits, TailTilesTakeTheRowBlocksInTurn) {
+  const attention::PrefixTreeSpec spec = attention::parse_prefix_tree("1,4,32_64,128,24");
+  const attention::DecodeBatch batch = attention::make_tree_batch(spec, 16, 3);
+  const AttentionShape shape{.num_q_heads = 8, .num_kv_heads = 2, .head_dim = 128, .block_size = 16};
+  const PrefixPlan plan = attention::plan_prefix(batch, shape, {.num_workers = 8},  // no units dealt further
+                                                 {.split = false, .max_tail_tokens = 32});
+  const KernelUnits k = kernel_units(plan, batch.block_ids, 16, 64);
+  ASSERT_EQ(k.units.size(), plan.units.size());
+  int32_t with_tails = 0;
+  for (size_t i = 0; i < k.units.size(); ++i) {
+    const KernelUnit& u = k.units[i];
+    const attention::PrefixUnit& unit = plan.units[i];
+    EXPECT_EQ(u.second_tokens, 0);
+    if (!unit.tails) {
+      EXPECT_EQ(u.tail_tiles, 0);
+      continue;
+    }
+    ++with_tails;
+    ASSERT_EQ(u.rows, 32);
+    ASSERT_EQ(u.tail_tiles, 4);
+    const int32_t warps[] = {0, 1, 2, 3}, pairs[] = {0, 2, 1, 3};
+    for (int32_t t = 0; t < 4; ++t) {
+      const PrefixTailTile& tile = k.tail_tiles[size_t(u.tail_begin + t)];
+      EXPECT_EQ(tile.warp, warps[t]);
+      EXPECT_EQ(tile.pair, pairs[t]);
+      EXPECT_EQ(tile.first_tokens, 24);
+      EXPECT_EQ(tile.second_tokens, 24);
+      for (int32_t half = 0; half < 2; ++half) {
+        const attention::UnitTail& tail = plan.unit_tails[size_t(unit.query_begin + 2 * tile.pair + half)];
+        EXPECT_EQ(tile.ids[2 * half], batch.block_ids[size_t(tail.block_begin)]);
+        EXPECT_EQ(tile.ids[2 * half + 1], batch.block_ids[size_t(tail.block_begin + 1)]);
+      }
+    }
+    EXPECT_EQ(prefix_item_cost(u), 3 * 4 + 4 * 4);  // the root read again, 192 tokens of 32 rows; 4 tail tiles
+  }
+  EXPECT_EQ(with_tails, 4);
 }
 
 TEST(PrefixSchedule, RunsEveryItemOnceLongestFirst) {
@@ -401,6 +444,7 @@ void expect_plan_matches(const Config& c, Inputs in, const std::string& what,
   const DeviceInputs dev(in);
   const PrefixTiles tiles = prefix_tiles(in.shape, c.dtype);
   options.m_tiles = tiles.m_tiles;
+  options.max_tail_tokens = tiles.max_tail_tokens;
   const PrefixPlan plan = attention::plan_prefix(
       in.batch, in.shape, {.num_workers = workers > 0 ? workers : tiles.workers}, options);
   Outputs cpu{std::vector<float>(in.q.size(), std::nanf("")), std::vector<float>(in.rows(), std::nanf(""))};

@@ -93,6 +93,7 @@ void run_prefix_items(const PrefixPlan& plan, const DecodeBatch& batch, const At
   {
     GroupScratch scratch(group, shape.head_dim, shape.block_size);
     std::vector<float> row_lse(static_cast<size_t>(group));
+    std::vector<float> tail_o(static_cast<size_t>(group * head_dim)), tail_lse(static_cast<size_t>(group));
 #pragma omp for schedule(dynamic)
     for (int64_t i = 0; i < num_items; ++i) {
       const PrefixUnit& unit = plan.units[size_t(i / plan.num_kv_heads)];
@@ -106,6 +107,14 @@ void run_prefix_items(const PrefixPlan& plan, const DecodeBatch& batch, const At
         float* l = uq.piece >= 0 ? partial_lse + slot * group : lse ? lse + first_row : row_lse.data();
         attend_group<T>(kv, kv_head, blocks, 0, unit.num_tokens, q + first_row * head_dim, group,
                         shape.softmax_scale, o, l, scratch);
+        const UnitTail tail = unit.tails ? plan.unit_tails[size_t(unit.query_begin + j)] : UnitTail{0, 0};
+        if (tail.num_tokens == 0) continue;
+        attend_group<T>(kv, kv_head, block_ids.subspan(size_t(tail.block_begin)), 0, tail.num_tokens,
+                        q + first_row * head_dim, group, shape.softmax_scale, tail_o.data(), tail_lse.data(),
+                        scratch);
+        for (int32_t r = 0; r < group; ++r) {
+          merge_state(o + r * head_dim, l[r], tail_o.data() + r * head_dim, tail_lse[size_t(r)], shape.head_dim);
+        }
       }
     }
   }

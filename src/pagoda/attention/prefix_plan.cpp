@@ -173,9 +173,9 @@ class Packer {
 };
 
 // The long-KV split's piece length. The paper cuts units longer than the batch mean; here only
-// units longer than a worker's fair share of the batch (KV tokens of all items / workers) are
-// cut, because each cut adds a partial state per row, written and merged: at GQA groups of 4-8
-// those outweigh the KV of trees made mostly of short tails (the mean of such a batch is about
+// units longer than a worker's fair share of the batch (KV tokens of all items, tails included,
+// / workers) are cut, because each cut adds a partial state per row, written and merged: at GQA
+// groups of 4-8 those outweigh the KV of trees made mostly of short tails (the mean of such a batch is about
 // the tail length). Cut units leave some number of rounds of items over the workers; the piece
 // is then the shortest that keeps that number of rounds (a longer one would leave the last round
 // mostly idle: 144 items on 132 workers take two rounds of the longest item). Never below the
@@ -186,10 +186,10 @@ class Packer {
 // 15.5 rounds of work. Then each is cut into the fewest equal pieces whose rounds are 99% full
 // (3 there: 47 rounds for 46.5), if no piece is then shorter than the minimum; units of many
 // lengths are balanced by the schedule instead. It measured 0.3-0.7% faster on that batch.
-int32_t split_length(const std::vector<PrefixUnit>& units, const AttentionShape& shape, const DeviceInfo& device,
-                     const PrefixPlanOptions& options) {
+int32_t split_length(const std::vector<PrefixUnit>& units, int64_t tail_tokens, const AttentionShape& shape,
+                     const DeviceInfo& device, const PrefixPlanOptions& options) {
   if (!options.split || units.empty()) return 0;
-  int64_t total = 0, longest = 0;
+  int64_t total = tail_tokens, longest = 0;
   bool one_length = true;
   for (const PrefixUnit& u : units) {
     total += u.num_tokens;
@@ -234,6 +234,74 @@ int32_t select_m_tile(int32_t rows, const std::vector<int32_t>& m_tiles) {
   return m_tiles.back();
 }
 
+// Tails (options.max_tail_tokens): a query's private leaf that short joins the chunk of its
+// nearest ancestor. The packs come parents first, so that is the last chunk holding the query
+// before its leaf's.
+//
+// Tails lengthen their units: a node's unit reads its queries' leaves as well, where each leaf
+// was an item of its own, and the schedule deals the items to the workers in rounds. When the
+// units with tails give fewer items than there are workers, each one's queries are dealt into
+// more row chunks (each reading the node's KV again, from L2: they are kv_shared), as many as
+// keep those items within one round and at least 64 rows (1,4,256_32,256,32 at GQA group 2,
+// dealt into chunks of 32 rows, was 7% slower than without tails on an H100). Then, if the items
+// do not fill their last round to 95%, the leaves stay units of their own: with items this long,
+// a mostly idle last round costs more than the partial states and merges the tails save
+// (8,16,32,256_512,512,256,32 at GQA group 2: 448 items in 3.4 rounds on 132 workers, 14%
+// slower with tails).
+struct Tails {
+  std::vector<UnitTail> by_query;  // by Packer::pack_queries index; empty: no tails
+  int64_t tokens = 0;
+};
+
+Tails take_tails(std::vector<PrefixUnit>& chunks, const std::vector<int32_t>& pack_queries, int32_t num_seqs,
+                 const AttentionShape& shape, const DeviceInfo& device, const PrefixPlanOptions& options) {
+  if (options.max_tail_tokens <= 0 || shape.block_size > options.max_tail_tokens) return {};
+  Tails tails{.by_query = std::vector<UnitTail>(pack_queries.size(), {0, 0})};
+  std::vector<PrefixUnit> with;
+  with.reserve(chunks.size());
+  std::vector<int32_t> last_slot(size_t(num_seqs), -1), last_chunk(size_t(num_seqs), -1);
+  for (const PrefixUnit& u : chunks) {
+    const int32_t seq = pack_queries[size_t(u.query_begin)];
+    if (u.num_queries == 1 && !u.kv_shared && u.num_tokens <= options.max_tail_tokens && last_slot[size_t(seq)] >= 0) {
+      tails.by_query[size_t(last_slot[size_t(seq)])] = {.block_begin = u.block_begin, .num_tokens = u.num_tokens};
+      with[size_t(last_chunk[size_t(seq)])].tails = 1;
+      tails.tokens += u.num_tokens;
+      continue;
+    }
+    for (int32_t j = 0; j < u.num_queries; ++j) {
+      const int32_t s = pack_queries[size_t(u.query_begin + j)];
+      last_slot[size_t(s)] = u.query_begin + j;
+      last_chunk[size_t(s)] = int32_t(with.size());
+    }
+    with.push_back(u);
+  }
+  if (tails.tokens == 0) return {};
+
+  const int64_t workers = std::max(device.num_workers, 1), heads = std::max(shape.num_kv_heads, 1);
+  const int32_t group = shape.group_size();
+  int64_t tail_units = 0;
+  for (const PrefixUnit& u : with) tail_units += u.tails;
+  const int64_t per_unit = workers / (tail_units * heads);
+  std::vector<PrefixUnit> dealt;
+  dealt.reserve(with.size() + size_t(tail_units * std::max<int64_t>(per_unit, 1)));
+  for (const PrefixUnit& u : with) {
+    const int64_t parts = u.tails ? std::min<int64_t>({per_unit, u.num_queries / 2, u.num_queries * group / 64}) : 1;
+    for (int64_t c = 0; c < std::max<int64_t>(parts, 1); ++c) {
+      PrefixUnit part = u;
+      if (parts > 1) {
+        part.query_begin = u.query_begin + int32_t(u.num_queries * c / parts);
+        part.num_queries = u.query_begin + int32_t(u.num_queries * (c + 1) / parts) - part.query_begin;
+        part.m_tile = select_m_tile(part.num_queries * group, options.m_tiles);
+        part.kv_shared = 1;
+      }
+      dealt.push_back(part);
+    }
+  }
+  const int64_t items = int64_t(dealt.size()) * heads, rounds = (items + workers - 1) / workers;
+  if (100 * items < 95 * rounds * workers) return {};
+  chunks = std::move(dealt);
+  return tails;
+}
 }  // namespace
 
 PrefixPlan plan_prefix(const DecodeBatch& batch, const AttentionShape& shape, const DeviceInfo& device,
@@ -277,9 +345,11 @@ PrefixPlan plan_prefix(const PrefixForest& forest, const DecodeBatch& batch, con
     }
   }
 
+  const Tails tails = take_tails(chunks, packer.pack_queries, batch.num_seqs(), shape, device, options);
+
   // The long-KV split: a unit longer than the piece length becomes equal whole-block pieces, none
   // shorter than the minimum but the last (a unit just over the piece length is not halved).
-  plan.split_tokens = split_length(chunks, shape, device, options);
+  plan.split_tokens = split_length(chunks, tails.tokens, shape, device, options);
   const int32_t bs = shape.block_size;
   const int32_t min_piece_blocks = (options.min_kv_tokens_per_unit + bs - 1) / bs;
   std::vector<int32_t> pieces_of(size_t(batch.num_seqs()), 0);
@@ -295,9 +365,13 @@ PrefixPlan plan_prefix(const PrefixForest& forest, const DecodeBatch& batch, con
       unit.block_begin += int32_t(begin / bs);
       unit.num_tokens = int32_t(std::min<int64_t>(chunk.num_tokens - begin, int64_t(piece_blocks) * bs));
       unit.query_begin = int32_t(plan.unit_queries.size());
+      unit.tails = chunk.tails && begin + unit.num_tokens == chunk.num_tokens;  // with the last piece
       for (int32_t i = 0; i < chunk.num_queries; ++i) {
         const int32_t seq = packer.pack_queries[size_t(chunk.query_begin + i)];
         plan.unit_queries.push_back({.seq = seq, .piece = pieces_of[size_t(seq)]++});
+        if (!tails.by_query.empty()) {
+          plan.unit_tails.push_back(unit.tails ? tails.by_query[size_t(chunk.query_begin + i)] : UnitTail{0, 0});
+        }
       }
       plan.units.push_back(unit);
     }
@@ -352,14 +426,23 @@ DecodeBatch cascade_batch(const std::vector<int32_t>& shared_blocks, int32_t sha
   return batch;
 }
 
+int64_t plan_kv_tokens(const PrefixPlan& plan) {
+  int64_t tokens = 0;
+  for (const PrefixUnit& u : plan.units) {
+    tokens += u.num_tokens;
+    for (int32_t j = 0; u.tails && j < u.num_queries; ++j) tokens += plan.unit_tails[size_t(u.query_begin + j)].num_tokens;
+  }
+  return tokens;
+}
+
 PlanTraffic plan_traffic(const PrefixPlan& plan, const AttentionShape& shape, const PrefixPlanOptions& options) {
   const int64_t bytes_per_element = options.kv_bytes_per_element;
   PlanTraffic t;
   const int64_t heads = shape.num_kv_heads;
   for (const PrefixUnit& u : plan.units) {
-    t.kv += int64_t(u.num_tokens) * 2 * shape.head_dim * bytes_per_element * heads;
     t.q += int64_t(u.num_queries) * shape.group_size() * shape.head_dim * bytes_per_element * heads;
   }
+  t.kv = plan_kv_tokens(plan) * 2 * shape.head_dim * bytes_per_element * heads;
   t.partial = int64_t(plan.num_partials()) * partial_bytes(shape, options);
   int32_t num_seqs = 0;
   for (const UnitQuery& uq : plan.unit_queries) num_seqs = std::max(num_seqs, uq.seq + 1);

@@ -179,7 +179,11 @@ void run_plan_only(const PrefixBenchFlags& flags, const std::vector<HeadSpec>& h
               "unpacked", "plan us", "reuse us", "grow us");
   for (const std::string& tree : flags.trees) {
     for (HeadSpec h : heads) {
-      const PlanFigures f = plan_figures(tree, h, flags, {}, {.num_workers = flags.workers}, 2);
+      // The GPU kernel's options at these heads (prefix_plan_options): f16 partial states, and
+      // tails, which it reads at GQA groups dividing 16.
+      const attention::PrefixPlanOptions options{.partial_o_bytes_per_element = 2,
+                                                 .max_tail_tokens = 16 % (h.q_heads / h.kv_heads) == 0 ? 32 : 0};
+      const PlanFigures f = plan_figures(tree, h, flags, options, {.num_workers = flags.workers}, 2);
       std::printf("%-42s %3d/%-2d %7zu %10.1f %10.1f %10.1f %9.1f %9.2f %9.1f\n", tree.c_str(), h.q_heads, h.kv_heads,
                   f.plan.units.size(), f.unique_bytes / 1e6, f.traffic.total() / 1e6, f.unpacked.total() / 1e6,
                   f.plan_us, f.reuse_us, f.grow_us);

@@ -93,10 +93,9 @@ static bool shares_blocks(const attention::DecodeBatch& batch) {
 // private tails, wins (a Mooncake trace replay on an H100 was 1.9% slower in TPOT with prefix
 // attention on every step that shared a block; bench/results/nvidia-h100-80gb-hbm3/README.md).
 static bool reads_at_most_half(const attention::PrefixPlan& plan, const attention::DecodeBatch& batch) {
-  int64_t packed = 0, unpacked = 0;
-  for (const attention::PrefixUnit& unit : plan.units) packed += unit.num_tokens;
+  int64_t unpacked = 0;
   for (int32_t length : batch.kv_lengths) unpacked += length;
-  return 2 * packed <= unpacked;
+  return 2 * attention::plan_kv_tokens(plan) <= unpacked;
 }
 
 StepBatch Model::plan_step(std::span<const SequenceChunk> chunks) {

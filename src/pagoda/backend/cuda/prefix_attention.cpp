@@ -36,8 +36,12 @@ PrefixTiles prefix_tiles(const attention::AttentionShape& shape, DType dtype) {
   const double peak_bandwidth = double(device_attribute(cudaDevAttrMemoryClockRate)) * 1e3 * 2 *
                                 device_attribute(cudaDevAttrGlobalMemoryBusWidth) / 8;
   const int64_t row_bytes = int64_t(shape.head_dim) * int64_t(dtype_size(dtype));
+  const bool pairs_per_row_block = shape.group_size() >= 1 && 16 % shape.group_size() == 0;
   PrefixTiles tiles{.kv_tile_tokens = kernel.tile_tokens,
                     .one_tile_rows = kernel.one_tile_rows,
+                    .max_tail_tokens = pairs_per_row_block && shape.block_size <= kernel.tile_tokens / 2
+                                           ? kernel.tile_tokens / 2
+                                           : 0,
                     .stages = kernel.stages,
                     .ctas_per_sm = kernel.ctas_per_sm};
   tiles.workers = sms * std::max(kernel.ctas_per_sm, 1);
@@ -69,7 +73,7 @@ PrefixTiles prefix_tiles(const attention::AttentionShape& shape, DType dtype) {
 }
 
 attention::PrefixPlanOptions prefix_plan_options(const PrefixTiles& tiles) {
-  return {.m_tiles = tiles.m_tiles, .partial_o_bytes_per_element = 2};
+  return {.m_tiles = tiles.m_tiles, .partial_o_bytes_per_element = 2, .max_tail_tokens = tiles.max_tail_tokens};
 }
 
 attention::DeviceInfo prefix_device_info(const PrefixTiles& tiles) { return {.num_workers = tiles.workers}; }
@@ -105,6 +109,22 @@ static void check_plan(const attention::PrefixPlan& plan, const attention::Decod
            u.num_tokens, u.block_begin, u.num_queries, u.query_begin, max_rows);
     }
   }
+  for (const attention::PrefixUnit& u : plan.units) {
+    if (!u.tails) continue;
+    if (tiles.max_tail_tokens == 0 || plan.unit_tails.size() != plan.unit_queries.size()) {
+      fail(ErrorKind::kInvalidArgument, "prefix attention: a unit with tails, which the kernel {}",
+           tiles.max_tail_tokens == 0 ? "cannot read at this group and block size" : "has not got");
+    }
+    for (int32_t j = 0; j < u.num_queries; ++j) {
+      const attention::UnitTail& t = plan.unit_tails[size_t(u.query_begin + j)];
+      const int64_t blocks = (int64_t(t.num_tokens) + shape.block_size - 1) / shape.block_size;
+      if (t.num_tokens < 0 || t.num_tokens > tiles.max_tail_tokens || t.block_begin < 0 ||
+          t.block_begin + blocks > int64_t(batch.block_ids.size())) {
+        fail(ErrorKind::kInvalidArgument, "prefix attention: a tail of {} tokens from block index {} (at most {})",
+             t.num_tokens, t.block_begin, tiles.max_tail_tokens);
+      }
+    }
+  }
   for (const attention::UnitQuery& uq : plan.unit_queries) {
     if (uq.seq < 0 || uq.seq >= batch.num_seqs() || uq.piece >= plan.num_pieces) {
       fail(ErrorKind::kInvalidArgument, "prefix attention: query {} piece {} outside the batch or the plan", uq.seq,
@@ -113,7 +133,8 @@ static void check_plan(const attention::PrefixPlan& plan, const attention::Decod
   }
 }
 
-KernelUnits kernel_units(const attention::PrefixPlan& plan, int32_t block_size, int32_t one_tile_rows) {
+KernelUnits kernel_units(const attention::PrefixPlan& plan, std::span<const int32_t> block_ids, int32_t block_size,
+                         int32_t one_tile_rows) {
   constexpr int32_t kTile = kPrefixTileTokens, kHalfTile = kTile / 2;
   const auto pairable = [&](const attention::PrefixUnit& u) { return block_size <= kHalfTile && u.num_tokens <= kHalfTile; };
   KernelUnits k;
@@ -132,12 +153,47 @@ KernelUnits kernel_units(const attention::PrefixPlan& plan, int32_t block_size, 
                        .kv_shared = u.kv_shared,
                        .second_block_begin = 0,
                        .second_tokens = 0,
-                       .first_rows = rows});
+                       .first_rows = rows,
+                       .tail_begin = 0,
+                       .tail_tiles = 0});
     append_queries(u);
+  };
+  // Query q's tail rows: [0, 32) of its pair's tile for even q, [32, 64) for odd. A 16-row block
+  // holds 16 / group queries, whole pairs of them. Up to 64 rows, the kernel's four item warps
+  // split the M / 16 row blocks' tokens (warp w: block w % (M / 16)), so a block's tiles go to its
+  // warps in turn.
+  const auto push_tails = [&](const attention::PrefixUnit& u) {
+    KernelUnit& k_unit = k.units.back();
+    k_unit.tail_begin = int32_t(k.tail_tiles.size());
+    const int32_t pairs_per_block = 8 / plan.group, blocks = (k_unit.rows + 15) / 16;
+    const int32_t warps_m = prefix_m_tile(k_unit.rows) / 16, warps_n = warps_m <= 4 ? 4 / warps_m : 1;
+    for (int32_t j = 0; j < pairs_per_block; ++j) {
+      for (int32_t w = 0; w < blocks; ++w) {
+        PrefixTailTile tile{.ids = {0, 0, 0, 0}, .first_tokens = 0, .second_tokens = 0,
+                            .pair = w * pairs_per_block + j, .warp = w + warps_m * (j % warps_n)};
+        for (int32_t half = 0; half < 2; ++half) {
+          const int32_t q = 2 * tile.pair + half;
+          if (q >= u.num_queries) break;
+          const attention::UnitTail& t = plan.unit_tails[size_t(u.query_begin + q)];
+          (half == 0 ? tile.first_tokens : tile.second_tokens) = t.num_tokens;
+          for (int32_t b = 0; b * block_size < t.num_tokens; ++b) {
+            tile.ids[half * (kHalfTile / block_size) + b] = block_ids[size_t(t.block_begin + b)];
+          }
+        }
+        if (tile.first_tokens + tile.second_tokens > 0) k.tail_tiles.push_back(tile);
+      }
+    }
+    k_unit.tail_tiles = int32_t(k.tail_tiles.size()) - k_unit.tail_begin;
   };
   const int32_t one_tile_queries = std::max(one_tile_rows / std::max(plan.group, 1), 1);
   bool open_pair = false;  // the last kernel unit is a pairable unit still alone
   for (attention::PrefixUnit u : plan.units) {
+    if (u.tails) {
+      push_unit(u);
+      push_tails(u);
+      open_pair = false;
+      continue;
+    }
     while (u.num_tokens <= kTile && u.num_queries * plan.group > one_tile_rows) {
       // Cut: the first one_tile_queries queries, then the rest's, each reading the tile.
       u.kv_shared = true;
@@ -168,7 +224,7 @@ KernelUnits kernel_units(const attention::PrefixPlan& plan, int32_t block_size, 
 int64_t prefix_item_cost(const KernelUnit& u) {
   const int64_t span = u.second_tokens > 0 ? kPrefixTileTokens : u.num_tokens;
   const int64_t tile_cost = u.rows > 64 ? 6 : u.rows > 32 ? 5 : 4;
-  return (span + kPrefixTileTokens - 1) / kPrefixTileTokens * tile_cost;
+  return (span + kPrefixTileTokens - 1) / kPrefixTileTokens * tile_cost + int64_t(u.tail_tiles) * 4;
 }
 
 PrefixSchedule prefix_schedule(const std::vector<KernelUnit>& units, int32_t num_kv_heads, int32_t workers) {
@@ -206,7 +262,7 @@ void PrefixWorkspace::upload(const attention::PrefixPlan& plan, const attention:
                              const attention::AttentionShape& shape, const PrefixTiles& tiles,
                              cudaStream_t stream) {
   check_plan(plan, batch, shape, tiles);
-  const KernelUnits kernel = kernel_units(plan, shape.block_size, tiles.one_tile_rows);
+  const KernelUnits kernel = kernel_units(plan, batch.block_ids, shape.block_size, tiles.one_tile_rows);
   const int64_t num_items = int64_t(kernel.units.size()) * shape.num_kv_heads;
   if (num_items > INT32_MAX) fail(ErrorKind::kInvalidArgument, "prefix attention: {} work items", num_items);
   const PrefixSchedule plan_schedule = prefix_schedule(kernel.units, shape.num_kv_heads, tiles.workers);
@@ -227,6 +283,7 @@ void PrefixWorkspace::upload(const attention::PrefixPlan& plan, const attention:
   slot_heads.upload(heads_by_slot, stream);
   ctas = plan_schedule.ctas;
   unit_queries.upload(kernel.queries, stream);
+  tail_tiles.upload(kernel.tail_tiles, stream);
   merges.upload(plan.merges, stream);
   max_partials = attention::max_partials(plan.merges);
   block_ids.upload(batch.block_ids, stream);
@@ -258,6 +315,7 @@ void prefix_attention(PrefixWorkspace& workspace, const attention::AttentionShap
         .slot_heads = workspace.slot_heads.data(),
         .num_slots = int32_t(workspace.slot_heads.size()),
         .unit_queries = workspace.unit_queries.data(),
+        .tail_tiles = workspace.tail_tiles.data(),
         .block_ids = workspace.block_ids.data(),
         .pool = kv_pool_params(kv, shape.block_size),
         .q = q,

@@ -6,6 +6,7 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -34,6 +35,10 @@ struct PrefixTiles {
   std::vector<int32_t> m_tiles;  // feasible, ascending
   int32_t kv_tile_tokens = 0;
   int32_t one_tile_rows = 0;  // the most query rows of an item of one KV tile (kernel_units)
+  // The longest tail (PrefixPlanOptions::max_tail_tokens) the kernel reads: half a tile where a
+  // 16-row block holds whole pairs of queries (GQA group 1, 2, 4 or 8) and blocks are at most
+  // half a tile, else 0.
+  int32_t max_tail_tokens = 0;
   int32_t stages = 0;
   int32_t ctas_per_sm = 0;
   int32_t workers = 0;  // SMs x CTAs per SM: the persistent grid
@@ -63,15 +68,21 @@ const char* prefix_unsupported_reason(const attention::AttentionShape& shape, co
 // tokens (a tile holds whole blocks of each unit). A unit of one tile (at most 64 tokens) with
 // more than one_tile_rows rows is cut into units of at most that many, each reading the tile: a
 // stage holds the Q rows of one tile's item, and a longer item's further rows ride with its
-// second tile.
+// second tile. A unit with tails is neither cut nor paired: its tails become tail tiles, two
+// queries' tails a tile, the item's 16-row blocks taken in turn (block 0's first pair, block 1's
+// first pair, ...) and a block's tiles dealt over the warps that split its tokens, so that
+// consecutive stages go to different computing warps.
+// block_ids: the batch's (DecodeBatch::block_ids), which the tail tiles carry.
 struct KernelUnits {
   std::vector<KernelUnit> units;
   std::vector<attention::UnitQuery> queries;
+  std::vector<PrefixTailTile> tail_tiles;
 };
-KernelUnits kernel_units(const attention::PrefixPlan& plan, int32_t block_size, int32_t one_tile_rows);
+KernelUnits kernel_units(const attention::PrefixPlan& plan, std::span<const int32_t> block_ids, int32_t block_size,
+                         int32_t one_tile_rows);
 
 // An item's cost for the schedule, in quarter tiles: its 64-token tiles (a pair's one), each
-// weighed by the rows computed on it. A tile of at most 32 rows takes the time its KV takes to
+// weighed by the rows computed on it, and its tail tiles as tiles of few rows. A tile of at most 32 rows takes the time its KV takes to
 // arrive (4); 64 rows of math take longer (5), 128 rows on eight warps longer still (6). The
 // weights are relative tile times fitted on an H100: of the weightings tried on the prefix-tree
 // batches, this one gave the highest geometric mean of the bound (bench/results' README; refitted
@@ -94,6 +105,7 @@ struct PrefixWorkspace {
   DeviceArray<KernelUnit> slot_units;  // PrefixParams::slot_units
   DeviceArray<int32_t> slot_heads;     // PrefixParams::slot_heads
   DeviceArray<attention::UnitQuery> unit_queries;  // KernelUnits::queries
+  DeviceArray<PrefixTailTile> tail_tiles;          // KernelUnits::tail_tiles
   DeviceArray<attention::MergeTask> merges;
   DeviceArray<int32_t> block_ids;
   DeviceArray<uint16_t> partial_o;   // [num_partials, group, head_dim] of the KV dtype

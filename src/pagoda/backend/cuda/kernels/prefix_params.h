@@ -15,6 +15,10 @@ namespace pagoda::cuda {
 // host's kernel units and schedule costs count in it.
 inline constexpr int32_t kPrefixTileTokens = 64;
 
+// An item's M tile: its query rows rounded up to 16, 32, 64 or 128 (the tile selector's choice;
+// the plan keeps at most 128 rows). M / 16 warps own 16 rows each.
+constexpr int prefix_m_tile(int rows) { return rows <= 16 ? 16 : rows <= 32 ? 32 : rows <= 64 ? 64 : 128; }
+
 // A plan unit as the kernel runs it, or two short ones sharing one 64-token KV tile (a pair): the
 // first's tokens at tile rows [0, 32), the second's from row 32, and their query rows one after
 // the other (the first's are rows [0, first_rows)).
@@ -27,6 +31,22 @@ struct KernelUnit {
   int32_t second_block_begin;
   int32_t second_tokens;  // 0: one unit
   int32_t first_rows;
+  // A unit with tails (PrefixUnit::tails): its tail tiles PrefixParams::tail_tiles[tail_begin,
+  // tail_begin + tail_tiles) follow its num_tokens of shared KV. Never a pair.
+  int32_t tail_begin;
+  int32_t tail_tiles;
+};
+
+// One 64-token tile of an item's tails: the tails of the item's queries 2 pair and 2 pair + 1 (of
+// at most 32 tokens each, in tile rows [0, 32) and [32, 64)), computed by one of the warps that
+// hold their rows (the ⊕ at the item's end merges the warps of a row block). Block ids as the
+// kernel copies them into its tile description (ids[32 / block_size x half + b]).
+struct PrefixTailTile {
+  int32_t ids[4];
+  int32_t first_tokens;   // of query 2 pair's tail
+  int32_t second_tokens;  // of query 2 pair + 1's (0: none, or no such query)
+  int32_t pair;
+  int32_t warp;  // the computing warp: its 16-row block holds both queries
 };
 
 struct PrefixParams {
@@ -36,6 +56,7 @@ struct PrefixParams {
   const int32_t* slot_heads;     // [num_slots]
   int32_t num_slots;
   const attention::UnitQuery* unit_queries;
+  const PrefixTailTile* tail_tiles;
   const int32_t* block_ids;  // DecodeBatch::block_ids
   KvPoolParams pool;  // the layer's K and V
   const void* q;       // [num_seqs, num_q_heads, head_dim] T

@@ -7,7 +7,11 @@
 // An item is one unit of queries (rows = queries x GQA group, at most kMaxRows) over one run of
 // KV tokens of one kv head, or a pair of units of at most 32 tokens each (KernelUnit): the first's
 // tokens fill tile rows [0, 32), the second's the rest, and each row is masked to its own unit's
-// tokens. Every K/V byte lands in shared memory once and serves all the rows.
+// tokens. Every K/V byte lands in shared memory once and serves all the rows. A unit with tails
+// (PrefixUnit::tails) reads, after its shared KV, tail tiles: two of its queries' private leaves
+// of at most 32 tokens in the halves of one tile, computed by one warp holding both queries'
+// rows, the others masked, so that the leaves fold into the rows' state in registers instead of
+// leaving partial states for the merge.
 // Tensor cores, FlashAttention-2 style, the rows on the M side:
 //   S [16 rows x 16 tokens]  = Q [16 x d] . K^T          (mma m16n8k16; B = K rows, ldmatrix)
 //   O [16 rows x d]         += P [16 x 16 tokens] . V    (P from S's accumulators; V by ldmatrix.trans)
@@ -49,6 +53,7 @@
 #pragma once
 
 #include <cmath>
+#include <cstddef>
 #include <cstdint>
 
 #include "pagoda/backend/cuda/kernels/online_softmax.cuh"
@@ -60,8 +65,14 @@ namespace pagoda::cuda {
 // What the producer knows of one tile: written by its look-ahead, read by its copy step and (as
 // the stage's copy) by the consumers.
 struct alignas(8) PrefixTileDesc {  // 8: the mbarriers after the descriptor arrays
-  int32_t ids[4];     // block ids of the tile's tokens (64 / block_size of them), by cp.async
-  int32_t num_tokens; // of the item
+  // A tail tile's PrefixTailTile, word for word (one cp.async a lane); else the block ids of the
+  // tile's tokens (64 / block_size of them, by cp.async) and tail_pair -1.
+  int32_t ids[4];
+  int32_t tail_first;   // tokens of the first tail, at rows [0, 32)
+  int32_t tail_second;  // of the second, at rows [32, 64)
+  int32_t tail_pair;    // -1: a tile of the item's shared KV
+  int32_t tail_warp;    // the computing warp whose rows read the tile
+  int32_t num_tokens; // of the item's shared KV
   int32_t tile;       // index in the item
   int32_t last;       // 1: the item's last tile
   int32_t kv_head;    // -1: past the CTA's last item (the consumers stop there)
@@ -128,10 +139,6 @@ struct PrefixTiledConfig {
   static_assert(kBarrierOffset % 8 == 0);
 };
 
-// An item's M tile: its query rows rounded up to 16, 32, 64 or 128 (the tile selector's choice;
-// the plan keeps at most 128 rows).
-__device__ __forceinline__ int prefix_m_tile(int rows) { return rows <= 16 ? 16 : rows <= 32 ? 32 : rows <= 64 ? 64 : 128; }
-
 template <typename T, int kHeadDim>
 __global__ void __launch_bounds__(PrefixTiledConfig<kHeadDim>::kThreads, 1)
     prefix_tiled_kernel(const PrefixParams p) {
@@ -166,17 +173,18 @@ __global__ void __launch_bounds__(PrefixTiledConfig<kHeadDim>::kThreads, 1)
     // num_tokens: the tile rows the item spans (a pair: 32 + the second unit's tokens).
     struct Unit {
       int32_t block_begin, num_tokens, query_begin, rows, kv_shared, kv_head;  // kv_head -1: none
-      int32_t second_block_begin, pair_split, first_rows;
+      int32_t second_block_begin, pair_split, first_rows, tail_begin, tail_tiles;
     };
     auto read_unit = [&](int n) {  // the CTA's n-th item: its unit and kv head, loaded side by side
       const int slot = int(blockIdx.x) + n * int(gridDim.x);
-      if (slot >= p.num_slots) return Unit{0, 0, 0, 0, 0, -1, 0, 0, 0};
+      if (slot >= p.num_slots) return Unit{0, 0, 0, 0, 0, -1, 0, 0, 0, 0, 0};
       const KernelUnit& u = p.slot_units[slot];
       const int second_tokens = __ldg(&u.second_tokens), num_tokens = __ldg(&u.num_tokens);
       const bool pair = second_tokens > 0;
       return Unit{__ldg(&u.block_begin), pair ? C::kTileTokens / 2 + second_tokens : num_tokens,
                   __ldg(&u.query_begin), __ldg(&u.rows), __ldg(&u.kv_shared), __ldg(&p.slot_heads[slot]),
-                  __ldg(&u.second_block_begin), pair ? num_tokens : 0, __ldg(&u.first_rows)};
+                  __ldg(&u.second_block_begin), pair ? num_tokens : 0, __ldg(&u.first_rows),
+                  __ldg(&u.tail_begin), __ldg(&u.tail_tiles)};
     };
     int window = 0;
     Unit window_units = read_unit(lane), next_units = read_unit(32 + lane);
@@ -195,7 +203,9 @@ __global__ void __launch_bounds__(PrefixTiledConfig<kHeadDim>::kThreads, 1)
                   __shfl_sync(0xffffffffu, window_units.kv_head, from),
                   __shfl_sync(0xffffffffu, window_units.second_block_begin, from),
                   __shfl_sync(0xffffffffu, window_units.pair_split, from),
-                  __shfl_sync(0xffffffffu, window_units.first_rows, from)};
+                  __shfl_sync(0xffffffffu, window_units.first_rows, from),
+                  __shfl_sync(0xffffffffu, window_units.tail_begin, from),
+                  __shfl_sync(0xffffffffu, window_units.tail_tiles, from)};
     };
 
     // The look-ahead: describes tile `step` of the CTA into desc ring slot step % (kLookahead + 1).
@@ -206,8 +216,11 @@ __global__ void __launch_bounds__(PrefixTiledConfig<kHeadDim>::kThreads, 1)
     auto look_ahead = [&](int step) {
       if (!looks_ahead) return;
       PrefixTileDesc& d = desc_ring[step % (C::kLookahead + 1)];
-      const int num_tiles = (ahead.num_tokens + C::kTileTokens - 1) / C::kTileTokens;
+      const int shared_tiles = (ahead.num_tokens + C::kTileTokens - 1) / C::kTileTokens;
+      const int num_tiles = shared_tiles + ahead.tail_tiles;
+      const bool tail = ahead.kv_head >= 0 && ahead_tile >= shared_tiles;
       if (lane == 0) {
+        if (!tail) d.tail_pair = -1;
         d.num_tokens = ahead.num_tokens;
         d.tile = ahead_tile;
         d.last = ahead_tile == num_tiles - 1;
@@ -219,15 +232,21 @@ __global__ void __launch_bounds__(PrefixTiledConfig<kHeadDim>::kThreads, 1)
         d.first_rows = ahead.first_rows;
       }
       if (ahead.kv_head < 0) return;
-      // A pair's tile: the first unit's blocks in its first half, the second's in the other.
-      const bool second = ahead.pair_split > 0 && lane >= blocks_per_tile / 2;
-      const int block = second ? lane - blocks_per_tile / 2 : ahead_tile * blocks_per_tile + lane;
-      const int tokens = ahead.pair_split == 0 ? ahead.num_tokens
-                         : second              ? ahead.num_tokens - C::kTileTokens / 2
-                                               : ahead.pair_split;
-      if (lane < blocks_per_tile && block << p.pool.block_size_log2 < tokens) {
-        ptx::cp_async_small<4>(ptx::smem_address(&d.ids[lane]),
-                               p.block_ids + (second ? ahead.second_block_begin : ahead.block_begin) + block);
+      if (tail) {  // the tail tile's description, ids included, as the host wrote it
+        static_assert(sizeof(PrefixTailTile) == 8 * 4 && offsetof(PrefixTileDesc, tail_warp) == 7 * 4);
+        const int32_t* src = &p.tail_tiles[ahead.tail_begin + ahead_tile - shared_tiles].ids[0];
+        if (lane < 8) ptx::cp_async_small<4>(ptx::smem_address(&d.ids[0]) + 4 * lane, src + lane);
+      } else {
+        // A pair's tile: the first unit's blocks in its first half, the second's in the other.
+        const bool second = ahead.pair_split > 0 && lane >= blocks_per_tile / 2;
+        const int block = second ? lane - blocks_per_tile / 2 : ahead_tile * blocks_per_tile + lane;
+        const int tokens = ahead.pair_split == 0 ? ahead.num_tokens
+                           : second              ? ahead.num_tokens - C::kTileTokens / 2
+                                                 : ahead.pair_split;
+        if (lane < blocks_per_tile && block << p.pool.block_size_log2 < tokens) {
+          ptx::cp_async_small<4>(ptx::smem_address(&d.ids[lane]),
+                                 p.block_ids + (second ? ahead.second_block_begin : ahead.block_begin) + block);
+        }
       }
       if (ahead_tile == 0) {  // the item's (sequence, piece) list, for its Q rows and its outputs
         const uint32_t slot = smem_base + C::kQueryRingOffset + (ahead_n % C::kQuerySlots) * C::kMaxRows * 8;
@@ -272,8 +291,13 @@ __global__ void __launch_bounds__(PrefixTiledConfig<kHeadDim>::kThreads, 1)
       ptx::named_barrier(2, C::kProducerThreads);  // and its plain writes are visible
       const PrefixTileDesc& d = desc_ring[step % (C::kLookahead + 1)];
       // Registers: the copies' "memory" clobbers would read every field again after each copy.
-      const int kv_head = d.kv_head, tile = d.tile, rows = d.rows, kv_shared = d.kv_shared, pair_split = d.pair_split;
-      const int tile_tokens = min(d.num_tokens - tile * C::kTileTokens, C::kTileTokens);
+      const int kv_head = d.kv_head, tile = d.tile, rows = d.rows;
+      const bool tail = d.tail_pair >= 0;  // a tail tile: two queries' tails, like a pair's halves
+      const int kv_shared = d.kv_shared && !tail;
+      const int tile_tokens = !tail               ? min(d.num_tokens - tile * C::kTileTokens, C::kTileTokens)
+                              : d.tail_second > 0 ? C::kTileTokens / 2 + d.tail_second
+                                                  : d.tail_first;
+      const int pair_split = tail ? d.tail_first : d.pair_split;
       const int query_slot = d.query_slot;
       const int stage = step % C::kStages;
       if (step >= C::kStages) ptx::mbarrier_wait(empty_barrier(stage), (step / C::kStages - 1) & 1);
@@ -284,7 +308,7 @@ __global__ void __launch_bounds__(PrefixTiledConfig<kHeadDim>::kThreads, 1)
         const uint32_t v_dst = k_dst + C::kKvTileBytes;
         const int copy_rows = (tile_tokens + 31) & ~31;
         // A pair's gap, rows [pair_split, 32), is zero-filled like the rows past the end.
-        const int first_half_end = pair_split == 0 ? tile_tokens : pair_split;
+        const int first_half_end = pair_split == 0 && !tail ? tile_tokens : pair_split;
         const T* k_src = k_head;
 #pragma unroll
         for (int pass = 0; pass < kPasses; ++pass) {
@@ -461,6 +485,17 @@ __global__ void __launch_bounds__(PrefixTiledConfig<kHeadDim>::kThreads, 1)
     }
   };
 
+  // A tail tile holds two queries' tails of at most 32 tokens, one in each half: each row of the
+  // warp sees its own query's half of it, if either, as tile-relative tokens.
+  auto tail_ranges = [&](int pair, int first_tokens, int second_tokens) {
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int query = (wm * 16 + g + 8 * h) / p.group;
+      token_begin[h] = query == 2 * pair + 1 ? C::kTileTokens / 2 : 0;
+      token_end[h] = query == 2 * pair ? first_tokens : query == 2 * pair + 1 ? C::kTileTokens / 2 + second_tokens : 0;
+    }
+  };
+
   // The end of an item: ⊕ over the warps of each row block (a barrier of the consumer warps
   // alone), then the rows' states to the output or to their partial slots.
   auto finish_item = [&]() {
@@ -553,10 +588,14 @@ __global__ void __launch_bounds__(PrefixTiledConfig<kHeadDim>::kThreads, 1)
     const bool last = d.last;
     // A one-tile item of at most 32 rows goes to its M / 16 warps alone (one or two), the next
     // ones of the first four by stage; the others to the first four, or all eight past 64 rows.
+    // A tail tile goes to the one warp the host chose among those holding its queries' rows.
     const bool alone = tile == 0 && last && d.rows <= 32;
+    const int tail_pair = d.tail_pair;
     const int alone_warps = prefix_m_tile(d.rows) / 16, first_warp = stage * alone_warps % C::kItemWarps;
-    const bool mine = alone ? warp >= first_warp && warp < first_warp + alone_warps
-                            : warp < C::kItemWarps || d.rows > C::kStageQRows;
+    const bool member = warp < C::kItemWarps || d.rows > C::kStageQRows;
+    const bool mine = alone            ? warp >= first_warp && warp < first_warp + alone_warps
+                      : tail_pair >= 0 ? warp == d.tail_warp
+                                       : member;
     if (mine) {
       if (tile == 0) {
         num_tokens = d.num_tokens;
@@ -570,21 +609,29 @@ __global__ void __launch_bounds__(PrefixTiledConfig<kHeadDim>::kThreads, 1)
         }
         start_item(stage, q_stage, alone, d.pair_split, d.first_rows);
       }
-      const int token0 = tile * C::kTileTokens;
-      if (slice == 16) {  // four warps split the tile: one chunk each
-        if (token0 + wn * 16 < num_tokens) compute_chunks.template operator()<1>(stage, wn * 16, token0);
-      } else if (slice == C::kTileTokens && token0 + C::kTileTokens / 2 < num_tokens) {
+      // This warp's tokens [lo, hi) of the tile, of which [0, end) hold data; token0: the item
+      // token at tile row 0. A tail tile goes whole to one warp, its rows' ranges tile-relative
+      // (its second half holds no data, not even zeros, when it has no second tail).
+      int token0 = tile * C::kTileTokens, end = num_tokens - token0, lo = wn * slice, hi = lo + slice;
+      if (tail_pair >= 0) {
+        tail_ranges(tail_pair, d.tail_first, d.tail_second);
+        token0 = 0;
+        end = d.tail_second > 0 ? C::kTileTokens : C::kTileTokens / 2;
+        lo = 0;
+        hi = C::kTileTokens;
+      }
+      if (hi - lo == 16) {  // four warps split the tile: one chunk each
+        if (lo < end) compute_chunks.template operator()<1>(stage, lo, token0);
+      } else if (hi - lo == C::kTileTokens && end > C::kTileTokens / 2) {
         compute_chunks.template operator()<4>(stage, 0, token0);  // the whole tile: eight S chains
       } else {
 #pragma unroll 1
-        for (int first = wn * slice; first < (wn + 1) * slice && token0 + first < num_tokens; first += 32) {
-          compute_chunks.template operator()<2>(stage, first, token0);
-        }
+        for (int first = lo; first < hi && first < end; first += 32) compute_chunks.template operator()<2>(stage, first, token0);
       }
     }
     __syncwarp();
     if (lane == 0) ptx::mbarrier_arrive(empty_barrier(stage));  // this warp is done with the stage
-    if (mine && last) finish_item();
+    if (last && (alone ? mine : member)) finish_item();
   }
 }
 
