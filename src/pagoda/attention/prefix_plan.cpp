@@ -282,11 +282,18 @@ Tails take_tails(std::vector<PrefixUnit>& chunks, const std::vector<int32_t>& pa
   int64_t tail_units = 0;
   for (const PrefixUnit& u : with) tail_units += u.tails;
   const int64_t per_unit = workers / (tail_units * heads);
-  std::vector<PrefixUnit> dealt;
-  dealt.reserve(with.size() + size_t(tail_units * std::max<int64_t>(per_unit, 1)));
+  const auto parts_of = [&](const PrefixUnit& u) {
+    return u.tails ? std::max<int64_t>(std::min<int64_t>({per_unit, u.num_queries / 2, u.num_queries * group / 64}), 1)
+                   : int64_t(1);
+  };
+  int64_t units = 0;
+  for (const PrefixUnit& u : with) units += parts_of(u);
+  const int64_t items = units * heads, rounds = (items + workers - 1) / workers;
+  if (100 * items < 95 * rounds * workers) return {};
+  chunks.clear();
   for (const PrefixUnit& u : with) {
-    const int64_t parts = u.tails ? std::min<int64_t>({per_unit, u.num_queries / 2, u.num_queries * group / 64}) : 1;
-    for (int64_t c = 0; c < std::max<int64_t>(parts, 1); ++c) {
+    const int64_t parts = parts_of(u);
+    for (int64_t c = 0; c < parts; ++c) {
       PrefixUnit part = u;
       if (parts > 1) {
         part.query_begin = u.query_begin + int32_t(u.num_queries * c / parts);
@@ -294,12 +301,9 @@ Tails take_tails(std::vector<PrefixUnit>& chunks, const std::vector<int32_t>& pa
         part.m_tile = select_m_tile(part.num_queries * group, options.m_tiles);
         part.kv_shared = 1;
       }
-      dealt.push_back(part);
+      chunks.push_back(part);
     }
   }
-  const int64_t items = int64_t(dealt.size()) * heads, rounds = (items + workers - 1) / workers;
-  if (100 * items < 95 * rounds * workers) return {};
-  chunks = std::move(dealt);
   return tails;
 }
 }  // namespace
