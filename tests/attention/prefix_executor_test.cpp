@@ -147,7 +147,7 @@ TEST(PrefixExecutor, RandomTreesMatchReferenceAndDecode) {
 
     const PrefixPlan plan = plan_prefix(batch, shape, device, options);
     with_merges += plan.num_pieces > 0;
-    with_tails += std::any_of(plan.units.begin(), plan.units.end(), [](const PrefixUnit& u) { return u.tails; });
+    with_tails += std::any_of(plan.units.begin(), plan.units.end(), [](const PrefixUnit& u) { return u.num_tails > 0; });
     with_empty += std::count(batch.kv_lengths.begin(), batch.kv_lengths.end(), 0) > 0;
     std::vector<float> out(rows * size_t(head_dim), std::nanf("")), lse(rows, std::nanf(""));
     run_prefix_cpu(plan, batch, shape, pool.view(), q.data(), out.data(), lse.data());

@@ -75,19 +75,21 @@ std::vector<std::vector<Segment>> segments_of(const PrefixPlan& plan, const Deco
         ok = ok && table[size_t(p0 + k)] == batch.block_ids[size_t(unit.block_begin + k)];
       }
       segments[size_t(uq.seq)].push_back({p0 * bs, p0 * bs + unit.num_tokens, int32_t(u), uq.piece});
-      const UnitTail tail = unit.tails ? plan.unit_tails[size_t(unit.query_begin + j)] : UnitTail{0, 0};
-      if (tail.num_tokens == 0) continue;
-      // A tail is the query's own last blocks.
-      const auto tail_at = std::find(table.begin(), used_end, batch.block_ids[size_t(tail.block_begin)]);
-      const int32_t t0 = int32_t(tail_at - table.begin());
-      const int32_t tail_blocks = blocks_for(tail.num_tokens, bs);
-      EXPECT_EQ(t0 * bs + tail.num_tokens, length) << "unit " << u << ": the tail of seq " << uq.seq;
-      ok = ok && tail_at != used_end && t0 * bs + tail.num_tokens == length;
-      for (int32_t k = 0; ok && k < tail_blocks; ++k) {
-        EXPECT_EQ(table[size_t(t0 + k)], batch.block_ids[size_t(tail.block_begin + k)]);
-        ok = table[size_t(t0 + k)] == batch.block_ids[size_t(tail.block_begin + k)];
+      for (int32_t t = unit.tail_begin; t < unit.tail_begin + unit.num_tails; ++t) {
+        const UnitTail& tail = plan.unit_tails[size_t(t)];
+        if (j < tail.query_begin || j >= tail.query_end) continue;
+        // A tail is a run of the query's own blocks.
+        const auto tail_at = std::find(table.begin(), used_end, batch.block_ids[size_t(tail.block_begin)]);
+        const int32_t t0 = int32_t(tail_at - table.begin());
+        EXPECT_NE(tail_at, used_end) << "unit " << u << ": a tail seq " << uq.seq << " does not hold";
+        EXPECT_LE(t0 * bs + tail.num_tokens, length) << "unit " << u << ": a tail past the end of seq " << uq.seq;
+        ok = ok && tail_at != used_end && t0 * bs + tail.num_tokens <= length;
+        for (int32_t k = 0; ok && k < blocks_for(tail.num_tokens, bs); ++k) {
+          EXPECT_EQ(table[size_t(t0 + k)], batch.block_ids[size_t(tail.block_begin + k)]);
+          ok = table[size_t(t0 + k)] == batch.block_ids[size_t(tail.block_begin + k)];
+        }
+        if (ok) segments[size_t(uq.seq)].push_back({t0 * bs, t0 * bs + tail.num_tokens, int32_t(u), uq.piece, true});
       }
-      if (ok) segments[size_t(uq.seq)].push_back({t0 * bs, length, int32_t(u), uq.piece, true});
     }
   }
   for (auto& s : segments) {
@@ -112,11 +114,15 @@ void check_plan(const PrefixPlan& plan, const DecodeBatch& batch, const Attentio
     ASSERT_GT(unit.num_queries, 0);
     ASSERT_LE(size_t(unit.query_begin) + size_t(unit.num_queries), plan.unit_queries.size());
     for (int32_t j = 0; j < unit.num_queries; ++j) ++owner[size_t(unit.query_begin + j)];
-    if (unit.tails) {
+    if (unit.num_tails > 0) {
       ASSERT_GT(options.max_tail_tokens, 0);
-      ASSERT_EQ(plan.unit_tails.size(), plan.unit_queries.size());
-      for (int32_t j = 0; j < unit.num_queries; ++j) {
-        EXPECT_LE(plan.unit_tails[size_t(unit.query_begin + j)].num_tokens, options.max_tail_tokens);
+      ASSERT_LE(size_t(unit.tail_begin) + size_t(unit.num_tails), plan.unit_tails.size());
+      for (int32_t t = unit.tail_begin; t < unit.tail_begin + unit.num_tails; ++t) {
+        const UnitTail& tail = plan.unit_tails[size_t(t)];
+        EXPECT_GT(tail.num_tokens, 0);
+        EXPECT_LE(0, tail.query_begin);
+        EXPECT_LT(tail.query_begin, tail.query_end);
+        EXPECT_LE(tail.query_end, unit.num_queries);
       }
     }
     const int32_t rows = unit.num_queries * group;
@@ -443,10 +449,17 @@ TEST(PrefixPlan, ShortLeavesAreTailsOfTheirParentsUnit) {
   for (const PrefixUnit& u : plan.units) {
     EXPECT_EQ(u.num_tokens, 64 + 128);
     EXPECT_EQ(u.num_queries, 8);
-    EXPECT_EQ(u.tails, 1);
+    ASSERT_EQ(u.num_tails, 8);
+    std::vector<int32_t> tail_of(8, -1);
+    for (int32_t t = u.tail_begin; t < u.tail_begin + u.num_tails; ++t) {
+      const UnitTail& tail = plan.unit_tails[size_t(t)];
+      ASSERT_EQ(tail.query_end, tail.query_begin + 1);
+      tail_of[size_t(tail.query_begin)] = t;
+    }
     for (int32_t j = 0; j < u.num_queries; ++j) {
       const UnitQuery& uq = plan.unit_queries[size_t(u.query_begin + j)];
-      const UnitTail& tail = plan.unit_tails[size_t(u.query_begin + j)];
+      ASSERT_GE(tail_of[size_t(j)], 0);
+      const UnitTail& tail = plan.unit_tails[size_t(tail_of[size_t(j)])];
       EXPECT_EQ(uq.piece, -1);
       EXPECT_EQ(tail.num_tokens, 24);
       EXPECT_EQ(tail.block_begin, batch.block_offsets[size_t(uq.seq)] + (64 + 128) / 16);
@@ -466,7 +479,7 @@ TEST(PrefixPlan, ShortLeavesAreTailsOfTheirParentsUnit) {
   const PrefixPlan idle = plan_prefix(batch, shape, DeviceInfo{.num_workers = 132}, with);
   check_plan(idle, batch, shape, with);
   EXPECT_EQ(idle.units.size(), apart.units.size());
-  EXPECT_TRUE(std::none_of(idle.units.begin(), idle.units.end(), [](const PrefixUnit& u) { return u.tails; }));
+  EXPECT_TRUE(std::none_of(idle.units.begin(), idle.units.end(), [](const PrefixUnit& u) { return u.num_tails > 0; }));
 
   // At group 8 with 16 workers, 1,4,64_64,128,24's 4 nodes of 16 queries (128 rows) give 8
   // items: each is dealt into 2 chunks of 64 rows, reading the node again (kv_shared), 16 items.
@@ -478,14 +491,14 @@ TEST(PrefixPlan, ShortLeavesAreTailsOfTheirParentsUnit) {
     EXPECT_EQ(u.num_queries, 8);
     EXPECT_EQ(u.m_tile, 64);
     EXPECT_EQ(u.kv_shared, 1);
-    EXPECT_EQ(u.tails, 1);
+    EXPECT_EQ(u.num_tails, 8);
   }
   EXPECT_TRUE(dealt.merges.empty());
 
   // Blocks of 64 tokens would put two tails in one block's rows: none.
   const DecodeBatch big_blocks = make_tree_batch(parse_prefix_tree("1,4,32_64,128,24"), 64, 5);
   const PrefixPlan no_tails = plan_prefix(big_blocks, shape_of(8, 2, 64), device, with);
-  EXPECT_TRUE(std::none_of(no_tails.units.begin(), no_tails.units.end(), [](const PrefixUnit& u) { return u.tails; }));
+  EXPECT_TRUE(std::none_of(no_tails.units.begin(), no_tails.units.end(), [](const PrefixUnit& u) { return u.num_tails > 0; }));
 }
 
 // 300 queries under one 256-token root: a 128-row tile holds 128 of them at group 1, so the

@@ -278,10 +278,11 @@ TEST(PrefixKernelUnits, CutsOneTileUnitsOfMoreRowsThanAStage) {
   EXPECT_EQ(cut.queries[size_t(cut.units[2].query_begin)].seq, 24);
 }
 
-// Tails: 1,4,32_64,128,24 at group 4 holds 8 queries in each 128-token node's unit, 32 rows: two
-// row blocks of 4 queries, two pairs of 24-token tails each, and two warps splitting each block's
-// tokens (block b: warps b and b + 2). The tiles take the blocks in turn and a block's warps in
-// turn: (warp 0, pair 0), (1, 2), (2, 1), (3, 3); each carries its queries' blocks in its halves.
+// Tails: 1,4,32_64,128,24 at group 4 holds 8 queries in each unit of a 128-token node (and the
+// root, read again), 32 rows: two row blocks of 4 queries, two pairs of 24-token leaves each, and
+// two warps splitting each block's tokens (block b: warps b and b + 2). The tiles take the blocks
+// in turn and a block's warps in turn: queries (0, 1) on warp 0, (4, 5) on 1, (2, 3) on 2, (6, 7)
+// on 3; each carries its queries' blocks in its halves.
 TEST(PrefixKernelUnits, TailTilesTakeTheRowBlocksInTurn) {
   const attention::PrefixTreeSpec spec = attention::parse_prefix_tree("1,4,32_64,128,24");
   const attention::DecodeBatch batch = attention::make_tree_batch(spec, 16, 3);
@@ -289,35 +290,34 @@ TEST(PrefixKernelUnits, TailTilesTakeTheRowBlocksInTurn) {
   const PrefixPlan plan = attention::plan_prefix(batch, shape, {.num_workers = 8},  // no units dealt further
                                                  {.split = false, .max_tail_tokens = 32});
   const KernelUnits k = kernel_units(plan, batch.block_ids, 16, 64);
-  ASSERT_EQ(k.units.size(), plan.units.size());
-  int32_t with_tails = 0;
+  ASSERT_EQ(k.units.size(), 4u);
+  ASSERT_EQ(plan.units.size(), 4u);
   for (size_t i = 0; i < k.units.size(); ++i) {
     const KernelUnit& u = k.units[i];
     const attention::PrefixUnit& unit = plan.units[i];
     EXPECT_EQ(u.second_tokens, 0);
-    if (!unit.tails) {
-      EXPECT_EQ(u.tail_tiles, 0);
-      continue;
-    }
-    ++with_tails;
     ASSERT_EQ(u.rows, 32);
+    ASSERT_EQ(u.num_tokens, 192);
     ASSERT_EQ(u.tail_tiles, 4);
-    const int32_t warps[] = {0, 1, 2, 3}, pairs[] = {0, 2, 1, 3};
+    const int32_t warps[] = {0, 1, 2, 3}, firsts[] = {0, 4, 2, 6};
     for (int32_t t = 0; t < 4; ++t) {
       const PrefixTailTile& tile = k.tail_tiles[size_t(u.tail_begin + t)];
-      EXPECT_EQ(tile.warp, warps[t]);
-      EXPECT_EQ(tile.pair, pairs[t]);
+      EXPECT_EQ(tile.warps, 1 << warps[t]);
+      EXPECT_EQ(tile.first_begin, firsts[t]);
+      EXPECT_EQ(tile.first_end, firsts[t] + 1);
+      EXPECT_EQ(tile.second_begin, firsts[t] + 1);
+      EXPECT_EQ(tile.second_end, firsts[t] + 2);
       EXPECT_EQ(tile.first_tokens, 24);
       EXPECT_EQ(tile.second_tokens, 24);
       for (int32_t half = 0; half < 2; ++half) {
-        const attention::UnitTail& tail = plan.unit_tails[size_t(unit.query_begin + 2 * tile.pair + half)];
-        EXPECT_EQ(tile.ids[2 * half], batch.block_ids[size_t(tail.block_begin)]);
-        EXPECT_EQ(tile.ids[2 * half + 1], batch.block_ids[size_t(tail.block_begin + 1)]);
+        const int32_t seq = plan.unit_queries[size_t(unit.query_begin + firsts[t] + half)].seq;
+        const int32_t leaf = batch.block_offsets[size_t(seq)] + 192 / 16;
+        EXPECT_EQ(tile.ids[2 * half], batch.block_ids[size_t(leaf)]);
+        EXPECT_EQ(tile.ids[2 * half + 1], batch.block_ids[size_t(leaf + 1)]);
       }
     }
-    EXPECT_EQ(prefix_item_cost(u), 3 * 4 + 4 * 4);  // the root read again, 192 tokens of 32 rows; 4 tail tiles
+    EXPECT_EQ(prefix_item_cost(u), 3 * 4 + 4 * 4);  // 192 tokens of 32 rows; 4 tail tiles
   }
-  EXPECT_EQ(with_tails, 4);
 }
 
 TEST(PrefixSchedule, RunsEveryItemOnceLongestFirst) {

@@ -107,13 +107,15 @@ void run_prefix_items(const PrefixPlan& plan, const DecodeBatch& batch, const At
         float* l = uq.piece >= 0 ? partial_lse + slot * group : lse ? lse + first_row : row_lse.data();
         attend_group<T>(kv, kv_head, blocks, 0, unit.num_tokens, q + first_row * head_dim, group,
                         shape.softmax_scale, o, l, scratch);
-        const UnitTail tail = unit.tails ? plan.unit_tails[size_t(unit.query_begin + j)] : UnitTail{0, 0};
-        if (tail.num_tokens == 0) continue;
-        attend_group<T>(kv, kv_head, block_ids.subspan(size_t(tail.block_begin)), 0, tail.num_tokens,
-                        q + first_row * head_dim, group, shape.softmax_scale, tail_o.data(), tail_lse.data(),
-                        scratch);
-        for (int32_t r = 0; r < group; ++r) {
-          merge_state(o + r * head_dim, l[r], tail_o.data() + r * head_dim, tail_lse[size_t(r)], shape.head_dim);
+        for (int32_t t = unit.tail_begin; t < unit.tail_begin + unit.num_tails; ++t) {  // its tails, ⊕ in
+          const UnitTail& tail = plan.unit_tails[size_t(t)];
+          if (j < tail.query_begin || j >= tail.query_end) continue;
+          attend_group<T>(kv, kv_head, block_ids.subspan(size_t(tail.block_begin)), 0, tail.num_tokens,
+                          q + first_row * head_dim, group, shape.softmax_scale, tail_o.data(), tail_lse.data(),
+                          scratch);
+          for (int32_t r = 0; r < group; ++r) {
+            merge_state(o + r * head_dim, l[r], tail_o.data() + r * head_dim, tail_lse[size_t(r)], shape.head_dim);
+          }
         }
       }
     }

@@ -234,76 +234,114 @@ int32_t select_m_tile(int32_t rows, const std::vector<int32_t>& m_tiles) {
   return m_tiles.back();
 }
 
-// Tails (options.max_tail_tokens): a query's private leaf that short joins the chunk of its
-// nearest ancestor. The packs come parents first, so that is the last chunk holding the query
-// before its leaf's.
+// Tails (options.max_tail_tokens): a chunk whose queries all sit in the chunk of an ancestor's KV
+// (a query's private leaf; a node below a chain unit, with its own tails) joins it as a tail of
+// those queries. The packs come parents first, so the last chunk that held a chunk's first query
+// before it is its nearest ancestor's, and a kept child's queries are a run of its parent's;
+// chunks join their ancestors from the last one back, so a chunk's own tails go along with it.
 //
-// Tails lengthen their units: a node's unit reads its queries' leaves as well, where each leaf
-// was an item of its own, and the schedule deals the items to the workers in rounds. When the
+// Tails lengthen their units, and the schedule deals the items to the workers in rounds. When the
 // units with tails give fewer items than there are workers, each one's queries are dealt into
-// more row chunks (each reading the node's KV again, from L2: they are kv_shared), as many as
-// keep those items within one round and at least 64 rows (1,4,256_32,256,32 at GQA group 2,
-// dealt into chunks of 32 rows, was 7% slower than without tails on an H100). Then, if the items
-// do not fill their last round to 95%, the leaves stay units of their own: with items this long,
-// a mostly idle last round costs more than the partial states and merges the tails save
-// (8,16,32,256_512,512,256,32 at GQA group 2: 448 items in 3.4 rounds on 132 workers, 14%
-// slower with tails).
+// more row chunks (each reading the node's KV again, from L2: they are kv_shared, and a tail
+// cut by a chunk boundary is read by both), as many as keep those items within one round and at
+// least 64 rows (1,4,256_32,256,32 at GQA group 2, dealt into chunks of 32 rows, was 7% slower
+// than without tails on an H100). Then, if the items do not fill their last round to 95%, no
+// chunk joins another: with items this long, a mostly idle last round costs more than the
+// partial states and merges the tails save (8,16,32,256_512,512,256,32 at GQA group 2 with its
+// leaves as tails: 448 items in 3.4 rounds on 132 workers, 14% slower).
 struct Tails {
-  std::vector<UnitTail> by_query;  // by Packer::pack_queries index; empty: no tails
-  int64_t tokens = 0;
+  std::vector<std::vector<UnitTail>> of_chunk;  // by chunk, after take_tails; empty: no tails
+  int64_t tokens = 0;                            // of all tails
 };
 
 Tails take_tails(std::vector<PrefixUnit>& chunks, const std::vector<int32_t>& pack_queries, int32_t num_seqs,
                  const AttentionShape& shape, const DeviceInfo& device, const PrefixPlanOptions& options) {
   if (options.max_tail_tokens <= 0 || shape.block_size > options.max_tail_tokens) return {};
-  Tails tails{.by_query = std::vector<UnitTail>(pack_queries.size(), {0, 0})};
-  std::vector<PrefixUnit> with;
-  with.reserve(chunks.size());
+  const size_t n = chunks.size();
+  std::vector<int32_t> parent(n, -1), offset(n, 0);
   std::vector<int32_t> last_slot(size_t(num_seqs), -1), last_chunk(size_t(num_seqs), -1);
-  for (const PrefixUnit& u : chunks) {
-    const int32_t seq = pack_queries[size_t(u.query_begin)];
-    if (u.num_queries == 1 && !u.kv_shared && u.num_tokens <= options.max_tail_tokens && last_slot[size_t(seq)] >= 0) {
-      tails.by_query[size_t(last_slot[size_t(seq)])] = {.block_begin = u.block_begin, .num_tokens = u.num_tokens};
-      with[size_t(last_chunk[size_t(seq)])].tails = 1;
-      tails.tokens += u.num_tokens;
-      continue;
+  for (size_t c = 0; c < n; ++c) {
+    const PrefixUnit& u = chunks[c];
+    const int32_t first = pack_queries[size_t(u.query_begin)], p = last_chunk[size_t(first)];
+    if (p >= 0) {
+      const PrefixUnit& a = chunks[size_t(p)];
+      const int32_t at = last_slot[size_t(first)];
+      bool inside = at + u.num_queries <= a.query_begin + a.num_queries;
+      for (int32_t j = 1; inside && j < u.num_queries; ++j) {
+        inside = pack_queries[size_t(at + j)] == pack_queries[size_t(u.query_begin + j)];
+      }
+      if (inside) parent[c] = p, offset[c] = at - a.query_begin;
     }
     for (int32_t j = 0; j < u.num_queries; ++j) {
       const int32_t s = pack_queries[size_t(u.query_begin + j)];
       last_slot[size_t(s)] = u.query_begin + j;
-      last_chunk[size_t(s)] = int32_t(with.size());
+      last_chunk[size_t(s)] = int32_t(c);
     }
-    with.push_back(u);
+  }
+  Tails tails;
+  tails.of_chunk.resize(n);
+  for (size_t c = n; c-- > 0;) {
+    const int32_t p = parent[c];
+    if (p < 0) continue;
+    const PrefixUnit& u = chunks[c];
+    std::vector<UnitTail>& to = tails.of_chunk[size_t(p)];
+    to.push_back({.query_begin = offset[c], .query_end = offset[c] + u.num_queries, .block_begin = u.block_begin,
+                  .num_tokens = u.num_tokens});
+    for (UnitTail t : tails.of_chunk[c]) {
+      t.query_begin += offset[c];
+      t.query_end += offset[c];
+      to.push_back(t);
+    }
+    tails.tokens += u.num_tokens;
   }
   if (tails.tokens == 0) return {};
 
   const int64_t workers = std::max(device.num_workers, 1), heads = std::max(shape.num_kv_heads, 1);
   const int32_t group = shape.group_size();
   int64_t tail_units = 0;
-  for (const PrefixUnit& u : with) tail_units += u.tails;
+  for (size_t c = 0; c < n; ++c) tail_units += parent[c] < 0 && !tails.of_chunk[c].empty();
   const int64_t per_unit = workers / (tail_units * heads);
-  const auto parts_of = [&](const PrefixUnit& u) {
-    return u.tails ? std::max<int64_t>(std::min<int64_t>({per_unit, u.num_queries / 2, u.num_queries * group / 64}), 1)
-                   : int64_t(1);
+  const auto parts_of = [&](size_t c) {
+    const PrefixUnit& u = chunks[c];
+    return tails.of_chunk[c].empty()
+               ? int64_t(1)
+               : std::max<int64_t>(std::min<int64_t>({per_unit, u.num_queries / 2, u.num_queries * group / 64}), 1);
   };
   int64_t units = 0;
-  for (const PrefixUnit& u : with) units += parts_of(u);
+  for (size_t c = 0; c < n; ++c) units += parent[c] < 0 ? parts_of(c) : 0;
   const int64_t items = units * heads, rounds = (items + workers - 1) / workers;
   if (100 * items < 95 * rounds * workers) return {};
-  chunks.clear();
-  for (const PrefixUnit& u : with) {
-    const int64_t parts = parts_of(u);
-    for (int64_t c = 0; c < parts; ++c) {
+
+  // The kept chunks, each dealt into its parts; a part's tails are those of its queries.
+  std::vector<PrefixUnit> dealt;
+  std::vector<std::vector<UnitTail>> dealt_tails;
+  dealt.reserve(size_t(units));
+  dealt_tails.reserve(size_t(units));
+  for (size_t c = 0; c < n; ++c) {
+    if (parent[c] >= 0) continue;
+    const PrefixUnit& u = chunks[c];
+    const int64_t parts = parts_of(c);
+    for (int64_t k = 0; k < parts; ++k) {
       PrefixUnit part = u;
+      const int32_t begin = int32_t(u.num_queries * k / parts), end = int32_t(u.num_queries * (k + 1) / parts);
+      std::vector<UnitTail> part_tails;
+      for (UnitTail t : tails.of_chunk[c]) {
+        t.query_begin = std::max(t.query_begin, begin) - begin;
+        t.query_end = std::min(t.query_end, end) - begin;
+        if (t.query_begin < t.query_end) part_tails.push_back(t);
+      }
       if (parts > 1) {
-        part.query_begin = u.query_begin + int32_t(u.num_queries * c / parts);
-        part.num_queries = u.query_begin + int32_t(u.num_queries * (c + 1) / parts) - part.query_begin;
+        part.query_begin = u.query_begin + begin;
+        part.num_queries = end - begin;
         part.m_tile = select_m_tile(part.num_queries * group, options.m_tiles);
         part.kv_shared = 1;
       }
-      chunks.push_back(part);
+      dealt.push_back(part);
+      dealt_tails.push_back(std::move(part_tails));
     }
   }
+  chunks = std::move(dealt);
+  tails.of_chunk = std::move(dealt_tails);
   return tails;
 }
 }  // namespace
@@ -369,14 +407,16 @@ PrefixPlan plan_prefix(const PrefixForest& forest, const DecodeBatch& batch, con
       unit.block_begin += int32_t(begin / bs);
       unit.num_tokens = int32_t(std::min<int64_t>(chunk.num_tokens - begin, int64_t(piece_blocks) * bs));
       unit.query_begin = int32_t(plan.unit_queries.size());
-      unit.tails = chunk.tails && begin + unit.num_tokens == chunk.num_tokens;  // with the last piece
       for (int32_t i = 0; i < chunk.num_queries; ++i) {
         const int32_t seq = packer.pack_queries[size_t(chunk.query_begin + i)];
         plan.unit_queries.push_back({.seq = seq, .piece = pieces_of[size_t(seq)]++});
-        if (!tails.by_query.empty()) {
-          plan.unit_tails.push_back(unit.tails ? tails.by_query[size_t(chunk.query_begin + i)] : UnitTail{0, 0});
-        }
       }
+      unit.tail_begin = int32_t(plan.unit_tails.size());
+      if (!tails.of_chunk.empty() && begin + unit.num_tokens == chunk.num_tokens) {  // with the last piece
+        const std::vector<UnitTail>& own = tails.of_chunk[size_t(&chunk - chunks.data())];
+        plan.unit_tails.insert(plan.unit_tails.end(), own.begin(), own.end());
+      }
+      unit.num_tails = int32_t(plan.unit_tails.size()) - unit.tail_begin;
       plan.units.push_back(unit);
     }
   }
@@ -434,7 +474,7 @@ int64_t plan_kv_tokens(const PrefixPlan& plan) {
   int64_t tokens = 0;
   for (const PrefixUnit& u : plan.units) {
     tokens += u.num_tokens;
-    for (int32_t j = 0; u.tails && j < u.num_queries; ++j) tokens += plan.unit_tails[size_t(u.query_begin + j)].num_tokens;
+    for (int32_t t = u.tail_begin; t < u.tail_begin + u.num_tails; ++t) tokens += plan.unit_tails[size_t(t)].num_tokens;
   }
   return tokens;
 }

@@ -17,9 +17,10 @@
 //      equal pieces, so no worker finishes long after the others (the paper cuts at the batch
 //      mean, which multiplies partial states where short tails dominate: prefix_plan.cpp), and
 //      units all of one length are cut into pieces that fill their rounds over the workers;
-//   5. tails (options.max_tail_tokens): a query's short private leaf joins the unit of its nearest
-//      ancestor (the last piece of a split one), read after the unit's KV by that query's rows
-//      alone, where the units with tails still fill the workers' rounds (prefix_plan.cpp);
+//   5. tails (options.max_tail_tokens): a unit whose queries all belong to one unit of an
+//      ancestor (its private leaves, the nodes below it that fit its row chunk) joins that one
+//      (the last piece of a split one), read after its KV by those queries' rows alone, where the
+//      units with tails still fill the workers' rounds (prefix_plan.cpp);
 //   6. merges: a query covered by several units gets one partial state per unit and a merge task
 //      (merge.h's ⊕, one per kv head); a query covered by one unit gets its output from it.
 // The plan reads block ids and lengths only. Kernels run its items in order (item i: unit
@@ -46,10 +47,11 @@ struct PrefixPlanOptions {
   int32_t min_kv_tokens_per_unit = 128;  // the split never cuts pieces shorter (rounded to blocks)
   int32_t kv_bytes_per_element = 2;      // f16/bf16 KV: the byte model's weight of KV reads
   int32_t partial_o_bytes_per_element = 4;  // the executor's partial o: fp32 on the CPU, f16/bf16 on the GPU
-  // Tails: a query's private leaf of at most this many tokens, in blocks of at most as many, is
-  // read by the unit of its nearest ancestor (after that unit's KV, for that query's rows alone)
-  // instead of by a unit of its own, which saves the query a partial state and, when that unit
-  // then covers all of its KV, the merge. 0: no tails.
+  // Tails: a unit whose queries all belong to one unit of its ancestors' KV is read by that unit
+  // instead (after its own KV, for those queries' rows alone), which saves each of them a
+  // partial state and, when that unit then covers all of a query's KV, the merge. Tails of at
+  // most this many tokens share the executor's tiles, two at a time (blocks of at most as many
+  // tokens). 0: no tails.
   int32_t max_tail_tokens = 0;
 };
 
@@ -60,12 +62,16 @@ struct PrefixUnit {
   int32_t num_queries;
   int32_t m_tile;     // tensor-core rows: the smallest of options.m_tiles >= num_queries * group
   int32_t kv_shared;  // 1: other units read the same KV tokens (keep them in L2), else 0
-  int32_t tails;      // 1: its queries read their tails too (PrefixPlan::unit_tails), else 0
+  int32_t tail_begin;  // its tails: PrefixPlan::unit_tails[tail_begin, tail_begin + num_tails)
+  int32_t num_tails;
 };
 
-// A query's own KV read after its unit's: tokens [0, num_tokens) of the blocks from
-// DecodeBatch::block_ids index block_begin; num_tokens 0: none.
+// KV some of a unit's queries read after the unit's own: tokens [0, num_tokens) of the blocks
+// from DecodeBatch::block_ids index block_begin, for the unit's queries [query_begin, query_end)
+// (counted from the unit's first).
 struct UnitTail {
+  int32_t query_begin;
+  int32_t query_end;
   int32_t block_begin;
   int32_t num_tokens;
 };
@@ -81,8 +87,7 @@ struct PrefixPlan {
   // row chunks of one KV run side by side (they read it together, while it is in L2).
   std::vector<PrefixUnit> units;
   std::vector<UnitQuery> unit_queries;
-  // Beside unit_queries: each query's tail, read where its unit has tails (empty without tails).
-  std::vector<UnitTail> unit_tails;
+  std::vector<UnitTail> unit_tails;  // PrefixUnit::tail_begin
   // One per sequence with several pieces, or with no KV at all (num_partials 0: the merge writes
   // the empty state, o = 0 and lse = -inf), with kv_head 0: it stands for one task per kv head h,
   // folding slots partial_begin + h * num_pieces + [0, num_partials). Run after every item.

@@ -110,18 +110,20 @@ static void check_plan(const attention::PrefixPlan& plan, const attention::Decod
     }
   }
   for (const attention::PrefixUnit& u : plan.units) {
-    if (!u.tails) continue;
-    if (tiles.max_tail_tokens == 0 || plan.unit_tails.size() != plan.unit_queries.size()) {
-      fail(ErrorKind::kInvalidArgument, "prefix attention: a unit with tails, which the kernel {}",
-           tiles.max_tail_tokens == 0 ? "cannot read at this group and block size" : "has not got");
+    if (u.num_tails == 0) continue;
+    if (tiles.max_tail_tokens == 0 || u.tail_begin < 0 || u.num_tails < 0 ||
+        int64_t(u.tail_begin) + u.num_tails > int64_t(plan.unit_tails.size())) {
+      fail(ErrorKind::kInvalidArgument, "prefix attention: a unit with tails {} the kernel cannot read",
+           tiles.max_tail_tokens == 0 ? "at a group and block size" : "outside the plan's, which");
     }
-    for (int32_t j = 0; j < u.num_queries; ++j) {
-      const attention::UnitTail& t = plan.unit_tails[size_t(u.query_begin + j)];
+    for (int32_t i = u.tail_begin; i < u.tail_begin + u.num_tails; ++i) {
+      const attention::UnitTail& t = plan.unit_tails[size_t(i)];
       const int64_t blocks = (int64_t(t.num_tokens) + shape.block_size - 1) / shape.block_size;
-      if (t.num_tokens < 0 || t.num_tokens > tiles.max_tail_tokens || t.block_begin < 0 ||
-          t.block_begin + blocks > int64_t(batch.block_ids.size())) {
-        fail(ErrorKind::kInvalidArgument, "prefix attention: a tail of {} tokens from block index {} (at most {})",
-             t.num_tokens, t.block_begin, tiles.max_tail_tokens);
+      if (t.num_tokens < 1 || t.query_begin < 0 || t.query_begin >= t.query_end || t.query_end > u.num_queries ||
+          t.block_begin < 0 || t.block_begin + blocks > int64_t(batch.block_ids.size())) {
+        fail(ErrorKind::kInvalidArgument,
+             "prefix attention: a tail of {} tokens from block index {} for queries [{}, {}) of a unit of {}",
+             t.num_tokens, t.block_begin, t.query_begin, t.query_end, u.num_queries);
       }
     }
   }
@@ -158,37 +160,86 @@ KernelUnits kernel_units(const attention::PrefixPlan& plan, std::span<const int3
                        .tail_tiles = 0});
     append_queries(u);
   };
-  // Query q's tail rows: [0, 32) of its pair's tile for even q, [32, 64) for odd. A 16-row block
-  // holds 16 / group queries, whole pairs of them. Up to 64 rows, the kernel's four item warps
-  // split the M / 16 row blocks' tokens (warp w: block w % (M / 16)), so a block's tiles go to its
-  // warps in turn.
+  // A unit's tails in tiles: pieces of at most 64 tokens, two of at most 32 with disjoint queries
+  // to a tile (siblings: the tails are ordered by their queries' count first). The tiles of the
+  // item's 16-row blocks are taken in turn (block 0's first, block 1's first, ...) and dealt over
+  // the warps that split a block's tokens, so that consecutive stages go to different warps.
+  struct TailPiece {
+    int32_t query_begin, query_end, block_begin, tokens;
+  };
+  std::vector<TailPiece> pieces;
+  std::vector<PrefixTailTile> unit_tiles;
+  std::vector<int32_t> first_block, ordinal;
   const auto push_tails = [&](const attention::PrefixUnit& u) {
     KernelUnit& k_unit = k.units.back();
-    k_unit.tail_begin = int32_t(k.tail_tiles.size());
-    const int32_t pairs_per_block = 8 / plan.group, blocks = (k_unit.rows + 15) / 16;
-    const int32_t warps_m = prefix_m_tile(k_unit.rows) / 16, warps_n = warps_m <= 4 ? 4 / warps_m : 1;
-    for (int32_t j = 0; j < pairs_per_block; ++j) {
-      for (int32_t w = 0; w < blocks; ++w) {
-        PrefixTailTile tile{.ids = {0, 0, 0, 0}, .first_tokens = 0, .second_tokens = 0,
-                            .pair = w * pairs_per_block + j, .warp = w + warps_m * (j % warps_n)};
-        for (int32_t half = 0; half < 2; ++half) {
-          const int32_t q = 2 * tile.pair + half;
-          if (q >= u.num_queries) break;
-          const attention::UnitTail& t = plan.unit_tails[size_t(u.query_begin + q)];
-          (half == 0 ? tile.first_tokens : tile.second_tokens) = t.num_tokens;
-          for (int32_t b = 0; b * block_size < t.num_tokens; ++b) {
-            tile.ids[half * (kHalfTile / block_size) + b] = block_ids[size_t(t.block_begin + b)];
-          }
-        }
-        if (tile.first_tokens + tile.second_tokens > 0) k.tail_tiles.push_back(tile);
+    const int32_t group = plan.group, warps_m = prefix_m_tile(k_unit.rows) / 16;
+    const int32_t warps_n = warps_m <= 4 ? 4 / warps_m : 1;
+    pieces.clear();
+    for (int32_t i = u.tail_begin; i < u.tail_begin + u.num_tails; ++i) {
+      const attention::UnitTail& t = plan.unit_tails[size_t(i)];
+      for (int32_t at = 0; at < t.num_tokens; at += kTile) {
+        pieces.push_back({t.query_begin, t.query_end, t.block_begin + at / block_size, std::min(kTile, t.num_tokens - at)});
       }
+    }
+    std::ranges::stable_sort(pieces, [](const TailPiece& a, const TailPiece& b) {
+      return a.query_end - a.query_begin != b.query_end - b.query_begin ? a.query_end - a.query_begin < b.query_end - b.query_begin
+                                                                          : a.query_begin < b.query_begin;
+    });
+    const auto ids_of = [&](PrefixTailTile& tile, const TailPiece& piece, int32_t from) {
+      for (int32_t b = 0; b * block_size < piece.tokens; ++b) tile.ids[from + b] = block_ids[size_t(piece.block_begin + b)];
+    };
+    unit_tiles.clear();
+    for (size_t i = 0; i < pieces.size(); ++i) {
+      const TailPiece& a = pieces[i];
+      PrefixTailTile tile{.ids = {0, 0, 0, 0}, .first_tokens = a.tokens, .second_tokens = 0,
+                          .first_begin = a.query_begin, .first_end = a.query_end, .second_begin = 0, .second_end = 0,
+                          .warps = 0};
+      ids_of(tile, a, 0);
+      if (a.tokens <= kHalfTile && i + 1 < pieces.size()) {
+        const TailPiece& b = pieces[i + 1];
+        if (b.tokens <= kHalfTile && (b.query_begin >= a.query_end || b.query_end <= a.query_begin)) {
+          tile.second_tokens = b.tokens;
+          tile.second_begin = b.query_begin;
+          tile.second_end = b.query_end;
+          ids_of(tile, b, kHalfTile / block_size);
+          ++i;
+        }
+      }
+      unit_tiles.push_back(tile);
+    }
+    // Row blocks in turn: each tile's rank among the tiles of its first row block, then that block.
+    first_block.assign(unit_tiles.size(), 0);
+    ordinal.assign(unit_tiles.size(), 0);
+    std::vector<int32_t> seen(8, 0);
+    for (size_t i = 0; i < unit_tiles.size(); ++i) {
+      const PrefixTailTile& t = unit_tiles[i];
+      const int32_t lo = t.second_end > t.second_begin ? std::min(t.first_begin, t.second_begin) : t.first_begin;
+      first_block[i] = lo * group / 16;
+      ordinal[i] = seen[size_t(first_block[i])]++;
+    }
+    std::vector<int32_t> order(unit_tiles.size());
+    std::iota(order.begin(), order.end(), 0);
+    std::ranges::stable_sort(order, [&](int32_t x, int32_t y) {
+      return ordinal[size_t(x)] != ordinal[size_t(y)] ? ordinal[size_t(x)] < ordinal[size_t(y)]
+                                                      : first_block[size_t(x)] < first_block[size_t(y)];
+    });
+    k_unit.tail_begin = int32_t(k.tail_tiles.size());
+    for (const int32_t i : order) {
+      PrefixTailTile tile = unit_tiles[size_t(i)];
+      const int32_t turn = ordinal[size_t(i)] % warps_n;
+      for (const auto [begin, end] : {std::pair{tile.first_begin, tile.first_end}, {tile.second_begin, tile.second_end}}) {
+        for (int32_t block = begin * group / 16; begin < end && block <= (end * group - 1) / 16; ++block) {
+          tile.warps |= 1 << (block + warps_m * turn);
+        }
+      }
+      k.tail_tiles.push_back(tile);
     }
     k_unit.tail_tiles = int32_t(k.tail_tiles.size()) - k_unit.tail_begin;
   };
   const int32_t one_tile_queries = std::max(one_tile_rows / std::max(plan.group, 1), 1);
   bool open_pair = false;  // the last kernel unit is a pairable unit still alone
   for (attention::PrefixUnit u : plan.units) {
-    if (u.tails) {
+    if (u.num_tails > 0) {
       push_unit(u);
       push_tails(u);
       open_pair = false;

@@ -68,10 +68,9 @@ const char* prefix_unsupported_reason(const attention::AttentionShape& shape, co
 // tokens (a tile holds whole blocks of each unit). A unit of one tile (at most 64 tokens) with
 // more than one_tile_rows rows is cut into units of at most that many, each reading the tile: a
 // stage holds the Q rows of one tile's item, and a longer item's further rows ride with its
-// second tile. A unit with tails is neither cut nor paired: its tails become tail tiles, two
-// queries' tails a tile, the item's 16-row blocks taken in turn (block 0's first pair, block 1's
-// first pair, ...) and a block's tiles dealt over the warps that split its tokens, so that
-// consecutive stages go to different computing warps.
+// second tile. A unit with tails is neither cut nor paired: its tails become tail tiles
+// (PrefixTailTile), the item's 16-row blocks taken in turn and a block's tiles dealt over the
+// warps that split its tokens, so that consecutive stages go to different computing warps.
 // block_ids: the batch's (DecodeBatch::block_ids), which the tail tiles carry.
 struct KernelUnits {
   std::vector<KernelUnit> units;

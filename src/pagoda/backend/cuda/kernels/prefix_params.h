@@ -37,16 +37,20 @@ struct KernelUnit {
   int32_t tail_tiles;
 };
 
-// One 64-token tile of an item's tails: the tails of the item's queries 2 pair and 2 pair + 1 (of
-// at most 32 tokens each, in tile rows [0, 32) and [32, 64)), computed by one of the warps that
-// hold their rows (the ⊕ at the item's end merges the warps of a row block). Block ids as the
-// kernel copies them into its tile description (ids[32 / block_size x half + b]).
+// One 64-token tile of an item's tails (PrefixPlan::unit_tails): a first tail's tokens from tile
+// row 0, for the item's queries [first_begin, first_end), and a second one's from row 32 for
+// [second_begin, second_end), disjoint (none: empty range, 0 tokens). A tail longer than 32 tokens
+// fills whole tiles alone. Computed by the warps in the mask, one for each 16-row block holding
+// the queries (up to 64 rows, one of the warps that split the block's tokens: the ⊕ at the item's
+// end merges them). Block ids as the kernel copies them into its tile description (the second
+// tail's from ids[32 / block_size]).
 struct PrefixTailTile {
   int32_t ids[4];
-  int32_t first_tokens;   // of query 2 pair's tail
-  int32_t second_tokens;  // of query 2 pair + 1's (0: none, or no such query)
-  int32_t pair;
-  int32_t warp;  // the computing warp: its 16-row block holds both queries
+  int32_t first_tokens;
+  int32_t second_tokens;
+  int32_t first_begin, first_end;
+  int32_t second_begin, second_end;
+  int32_t warps;  // bit w: computing warp w
 };
 
 struct PrefixParams {

@@ -8,10 +8,11 @@
 // KV tokens of one kv head, or a pair of units of at most 32 tokens each (KernelUnit): the first's
 // tokens fill tile rows [0, 32), the second's the rest, and each row is masked to its own unit's
 // tokens. Every K/V byte lands in shared memory once and serves all the rows. A unit with tails
-// (PrefixUnit::tails) reads, after its shared KV, tail tiles: two of its queries' private leaves
-// of at most 32 tokens in the halves of one tile, computed by one warp holding both queries'
-// rows, the others masked, so that the leaves fold into the rows' state in registers instead of
-// leaving partial states for the merge.
+// (PrefixPlan::unit_tails: its queries' private leaves, the nodes below it) reads them after its
+// own KV in tail tiles (PrefixTailTile): two tails of at most 32 tokens in the halves of a tile,
+// or a longer one in whole tiles, each row masked to its query's, computed by the warps holding
+// those rows; they fold into the rows' state in registers instead of leaving partial states for
+// the merge.
 // Tensor cores, FlashAttention-2 style, the rows on the M side:
 //   S [16 rows x 16 tokens]  = Q [16 x d] . K^T          (mma m16n8k16; B = K rows, ldmatrix)
 //   O [16 rows x d]         += P [16 x 16 tokens] . V    (P from S's accumulators; V by ldmatrix.trans)
@@ -66,12 +67,13 @@ namespace pagoda::cuda {
 // the stage's copy) by the consumers.
 struct alignas(8) PrefixTileDesc {  // 8: the mbarriers after the descriptor arrays
   // A tail tile's PrefixTailTile, word for word (one cp.async a lane); else the block ids of the
-  // tile's tokens (64 / block_size of them, by cp.async) and tail_pair -1.
+  // tile's tokens (64 / block_size of them, by cp.async) and tail_warps 0.
   int32_t ids[4];
-  int32_t tail_first;   // tokens of the first tail, at rows [0, 32)
-  int32_t tail_second;  // of the second, at rows [32, 64)
-  int32_t tail_pair;    // -1: a tile of the item's shared KV
-  int32_t tail_warp;    // the computing warp whose rows read the tile
+  int32_t tail_first;   // tokens of the first tail, from row 0
+  int32_t tail_second;  // of the second, from row 32
+  int32_t tail_first_begin, tail_first_end;    // the item's queries that read the first tail
+  int32_t tail_second_begin, tail_second_end;  // and the second
+  int32_t tail_warps;                          // bit w: warp w computes the tile; 0: shared KV
   int32_t num_tokens; // of the item's shared KV
   int32_t tile;       // index in the item
   int32_t last;       // 1: the item's last tile
@@ -220,7 +222,7 @@ __global__ void __launch_bounds__(PrefixTiledConfig<kHeadDim>::kThreads, 1)
       const int num_tiles = shared_tiles + ahead.tail_tiles;
       const bool tail = ahead.kv_head >= 0 && ahead_tile >= shared_tiles;
       if (lane == 0) {
-        if (!tail) d.tail_pair = -1;
+        if (!tail) d.tail_warps = 0;
         d.num_tokens = ahead.num_tokens;
         d.tile = ahead_tile;
         d.last = ahead_tile == num_tiles - 1;
@@ -233,9 +235,10 @@ __global__ void __launch_bounds__(PrefixTiledConfig<kHeadDim>::kThreads, 1)
       }
       if (ahead.kv_head < 0) return;
       if (tail) {  // the tail tile's description, ids included, as the host wrote it
-        static_assert(sizeof(PrefixTailTile) == 8 * 4 && offsetof(PrefixTileDesc, tail_warp) == 7 * 4);
+        constexpr int kWords = sizeof(PrefixTailTile) / 4;
+        static_assert(kWords == 11 && offsetof(PrefixTileDesc, tail_warps) == (kWords - 1) * 4);
         const int32_t* src = &p.tail_tiles[ahead.tail_begin + ahead_tile - shared_tiles].ids[0];
-        if (lane < 8) ptx::cp_async_small<4>(ptx::smem_address(&d.ids[0]) + 4 * lane, src + lane);
+        if (lane < kWords) ptx::cp_async_small<4>(ptx::smem_address(&d.ids[0]) + 4 * lane, src + lane);
       } else {
         // A pair's tile: the first unit's blocks in its first half, the second's in the other.
         const bool second = ahead.pair_split > 0 && lane >= blocks_per_tile / 2;
@@ -292,7 +295,7 @@ __global__ void __launch_bounds__(PrefixTiledConfig<kHeadDim>::kThreads, 1)
       const PrefixTileDesc& d = desc_ring[step % (C::kLookahead + 1)];
       // Registers: the copies' "memory" clobbers would read every field again after each copy.
       const int kv_head = d.kv_head, tile = d.tile, rows = d.rows;
-      const bool tail = d.tail_pair >= 0;  // a tail tile: two queries' tails, like a pair's halves
+      const bool tail = d.tail_warps != 0;  // a tail tile: two tails, like a pair's halves, or one
       const int kv_shared = d.kv_shared && !tail;
       const int tile_tokens = !tail               ? min(d.num_tokens - tile * C::kTileTokens, C::kTileTokens)
                               : d.tail_second > 0 ? C::kTileTokens / 2 + d.tail_second
@@ -485,14 +488,17 @@ __global__ void __launch_bounds__(PrefixTiledConfig<kHeadDim>::kThreads, 1)
     }
   };
 
-  // A tail tile holds two queries' tails of at most 32 tokens, one in each half: each row of the
-  // warp sees its own query's half of it, if either, as tile-relative tokens.
-  auto tail_ranges = [&](int pair, int first_tokens, int second_tokens) {
+  // A tail tile holds one tail from row 0 and maybe a second from row 32, each read by a range of
+  // the item's queries: each row of the warp sees its query's tail, if either, as tile-relative
+  // tokens.
+  auto tail_ranges = [&](const volatile PrefixTileDesc& d) {
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
       const int query = (wm * 16 + g + 8 * h) / p.group;
-      token_begin[h] = query == 2 * pair + 1 ? C::kTileTokens / 2 : 0;
-      token_end[h] = query == 2 * pair ? first_tokens : query == 2 * pair + 1 ? C::kTileTokens / 2 + second_tokens : 0;
+      const bool first = query >= d.tail_first_begin && query < d.tail_first_end;
+      const bool second = query >= d.tail_second_begin && query < d.tail_second_end;
+      token_begin[h] = second ? C::kTileTokens / 2 : 0;
+      token_end[h] = first ? d.tail_first : second ? C::kTileTokens / 2 + d.tail_second : 0;
     }
   };
 
@@ -588,14 +594,14 @@ __global__ void __launch_bounds__(PrefixTiledConfig<kHeadDim>::kThreads, 1)
     const bool last = d.last;
     // A one-tile item of at most 32 rows goes to its M / 16 warps alone (one or two), the next
     // ones of the first four by stage; the others to the first four, or all eight past 64 rows.
-    // A tail tile goes to the one warp the host chose among those holding its queries' rows.
+    // A tail tile goes to the warps the host chose among those holding its queries' rows.
     const bool alone = tile == 0 && last && d.rows <= 32;
-    const int tail_pair = d.tail_pair;
+    const int tail_warps = d.tail_warps;
     const int alone_warps = prefix_m_tile(d.rows) / 16, first_warp = stage * alone_warps % C::kItemWarps;
     const bool member = warp < C::kItemWarps || d.rows > C::kStageQRows;
     const bool mine = alone            ? warp >= first_warp && warp < first_warp + alone_warps
-                      : tail_pair >= 0 ? warp == d.tail_warp
-                                       : member;
+                      : tail_warps != 0 ? (tail_warps >> warp & 1) != 0
+                                        : member;
     if (mine) {
       if (tile == 0) {
         num_tokens = d.num_tokens;
@@ -610,13 +616,13 @@ __global__ void __launch_bounds__(PrefixTiledConfig<kHeadDim>::kThreads, 1)
         start_item(stage, q_stage, alone, d.pair_split, d.first_rows);
       }
       // This warp's tokens [lo, hi) of the tile, of which [0, end) hold data; token0: the item
-      // token at tile row 0. A tail tile goes whole to one warp, its rows' ranges tile-relative
-      // (its second half holds no data, not even zeros, when it has no second tail).
+      // token at tile row 0. A tail tile goes whole to each of its warps, its rows' ranges
+      // tile-relative (its second half holds no data, not even zeros, under a short lone tail).
       int token0 = tile * C::kTileTokens, end = num_tokens - token0, lo = wn * slice, hi = lo + slice;
-      if (tail_pair >= 0) {
-        tail_ranges(tail_pair, d.tail_first, d.tail_second);
+      if (tail_warps != 0) {
+        tail_ranges(d);
         token0 = 0;
-        end = d.tail_second > 0 ? C::kTileTokens : C::kTileTokens / 2;
+        end = d.tail_second > 0 || d.tail_first > C::kTileTokens / 2 ? C::kTileTokens : C::kTileTokens / 2;
         lo = 0;
         hi = C::kTileTokens;
       }
