@@ -111,10 +111,13 @@ static void check_plan(const attention::PrefixPlan& plan, const attention::Decod
   }
   for (const attention::PrefixUnit& u : plan.units) {
     if (u.num_tails == 0) continue;
-    if (tiles.max_tail_tokens == 0 || u.tail_begin < 0 || u.num_tails < 0 ||
-        int64_t(u.tail_begin) + u.num_tails > int64_t(plan.unit_tails.size())) {
-      fail(ErrorKind::kInvalidArgument, "prefix attention: a unit with tails {} the kernel cannot read",
-           tiles.max_tail_tokens == 0 ? "at a group and block size" : "outside the plan's, which");
+    if (tiles.max_tail_tokens == 0) {
+      fail(ErrorKind::kInvalidArgument, "prefix attention: a unit with tails, which the kernel does not read at GQA "
+           "group {} and block size {}", plan.group, shape.block_size);
+    }
+    if (u.tail_begin < 0 || u.num_tails < 0 || int64_t(u.tail_begin) + u.num_tails > int64_t(plan.unit_tails.size())) {
+      fail(ErrorKind::kInvalidArgument, "prefix attention: a unit's tails [{}, +{}) outside the plan's {}",
+           u.tail_begin, u.num_tails, plan.unit_tails.size());
     }
     for (int32_t i = u.tail_begin; i < u.tail_begin + u.num_tails; ++i) {
       const attention::UnitTail& t = plan.unit_tails[size_t(i)];

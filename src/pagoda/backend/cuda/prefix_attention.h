@@ -35,9 +35,9 @@ struct PrefixTiles {
   std::vector<int32_t> m_tiles;  // feasible, ascending
   int32_t kv_tile_tokens = 0;
   int32_t one_tile_rows = 0;  // the most query rows of an item of one KV tile (kernel_units)
-  // The longest tail (PrefixPlanOptions::max_tail_tokens) the kernel reads: half a tile where a
+  // Tails (PrefixPlanOptions::max_tail_tokens): two of at most half a tile share a tile where a
   // 16-row block holds whole pairs of queries (GQA group 1, 2, 4 or 8) and blocks are at most
-  // half a tile, else 0.
+  // half a tile; else 0, no tails.
   int32_t max_tail_tokens = 0;
   int32_t stages = 0;
   int32_t ctas_per_sm = 0;
