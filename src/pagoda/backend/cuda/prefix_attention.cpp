@@ -230,8 +230,8 @@ KernelUnits kernel_units(const attention::PrefixPlan& plan, std::span<const int3
     for (const int32_t i : order) {
       PrefixTailTile tile = unit_tiles[size_t(i)];
       const int32_t turn = ordinal[size_t(i)] % warps_n;
-      for (const auto [begin, end] : {std::pair{tile.first_begin, tile.first_end}, {tile.second_begin, tile.second_end}}) {
-        for (int32_t block = begin * group / 16; begin < end && block <= (end * group - 1) / 16; ++block) {
+      for (const auto& [lo, hi] : {std::pair{tile.first_begin, tile.first_end}, {tile.second_begin, tile.second_end}}) {
+        for (int32_t block = lo * group / 16; lo < hi && block <= (hi * group - 1) / 16; ++block) {
           tile.warps |= 1 << (block + warps_m * turn);
         }
       }
