@@ -237,8 +237,8 @@ int32_t select_m_tile(int32_t rows, const std::vector<int32_t>& m_tiles) {
 // Tails (options.max_tail_tokens): a chunk whose queries all sit in the chunk of an ancestor's KV
 // (a query's private leaf; a node below a chain unit, with its own tails) joins it as a tail of
 // those queries. The packs come parents first, so the last chunk that held a chunk's first query
-// before it is its nearest ancestor's, and a kept child's queries are a run of its parent's;
-// chunks join their ancestors from the last one back, so a chunk's own tails go along with it.
+// before it is its nearest ancestor's, and a kept child's queries are a run of its parent's; a
+// chunk that joins brings the ones that joined it along, to the outermost chunk they all join.
 //
 // Tails lengthen their units, and the schedule deals the items to the workers in rounds. When the
 // units with tails give fewer items than there are workers, each one's queries are dealt into
@@ -250,19 +250,25 @@ int32_t select_m_tile(int32_t rows, const std::vector<int32_t>& m_tiles) {
 // partial states and merges the tails save (8,16,32,256_512,512,256,32 at GQA group 2 with its
 // leaves as tails: 448 items in 3.4 rounds on 132 workers, 14% slower).
 struct Tails {
-  std::vector<std::vector<UnitTail>> of_chunk;  // by chunk, after take_tails; empty: no tails
-  int64_t tokens = 0;                            // of all tails
+  // Chunk c's tails: list[begin[c], begin[c + 1]), query ranges from the chunk's first query.
+  std::vector<UnitTail> list;
+  std::vector<int32_t> begin;  // empty: no tails
+  int64_t tokens = 0;          // of all tails
 };
 
 Tails take_tails(std::vector<PrefixUnit>& chunks, const std::vector<int32_t>& pack_queries, int32_t num_seqs,
                  const AttentionShape& shape, const DeviceInfo& device, const PrefixPlanOptions& options) {
   if (options.max_tail_tokens <= 0 || shape.block_size > options.max_tail_tokens) return {};
+  // Each chunk's nearest ancestor chunk holding all its queries, and through it the outermost
+  // one it joins (top) and where its queries start in that one (base); ancestors come first.
   const size_t n = chunks.size();
-  std::vector<int32_t> parent(n, -1), offset(n, 0);
+  std::vector<int32_t> top(n), base(n, 0), count(n + 1, 0);
   std::vector<int32_t> last_slot(size_t(num_seqs), -1), last_chunk(size_t(num_seqs), -1);
+  int64_t tokens = 0;
   for (size_t c = 0; c < n; ++c) {
     const PrefixUnit& u = chunks[c];
     const int32_t first = pack_queries[size_t(u.query_begin)], p = last_chunk[size_t(first)];
+    top[c] = int32_t(c);
     if (p >= 0) {
       const PrefixUnit& a = chunks[size_t(p)];
       const int32_t at = last_slot[size_t(first)];
@@ -270,7 +276,12 @@ Tails take_tails(std::vector<PrefixUnit>& chunks, const std::vector<int32_t>& pa
       for (int32_t j = 1; inside && j < u.num_queries; ++j) {
         inside = pack_queries[size_t(at + j)] == pack_queries[size_t(u.query_begin + j)];
       }
-      if (inside) parent[c] = p, offset[c] = at - a.query_begin;
+      if (inside) {
+        top[c] = top[size_t(p)];
+        base[c] = base[size_t(p)] + at - a.query_begin;
+        ++count[size_t(top[c])];
+        tokens += u.num_tokens;
+      }
     }
     for (int32_t j = 0; j < u.num_queries; ++j) {
       const int32_t s = pack_queries[size_t(u.query_begin + j)];
@@ -278,70 +289,66 @@ Tails take_tails(std::vector<PrefixUnit>& chunks, const std::vector<int32_t>& pa
       last_chunk[size_t(s)] = int32_t(c);
     }
   }
-  Tails tails;
-  tails.of_chunk.resize(n);
-  for (size_t c = n; c-- > 0;) {
-    const int32_t p = parent[c];
-    if (p < 0) continue;
-    const PrefixUnit& u = chunks[c];
-    std::vector<UnitTail>& to = tails.of_chunk[size_t(p)];
-    to.push_back({.query_begin = offset[c], .query_end = offset[c] + u.num_queries, .block_begin = u.block_begin,
-                  .num_tokens = u.num_tokens});
-    for (UnitTail t : tails.of_chunk[c]) {
-      t.query_begin += offset[c];
-      t.query_end += offset[c];
-      to.push_back(t);
-    }
-    tails.tokens += u.num_tokens;
-  }
-  if (tails.tokens == 0) return {};
+  if (tokens == 0) return {};
 
   const int64_t workers = std::max(device.num_workers, 1), heads = std::max(shape.num_kv_heads, 1);
   const int32_t group = shape.group_size();
   int64_t tail_units = 0;
-  for (size_t c = 0; c < n; ++c) tail_units += parent[c] < 0 && !tails.of_chunk[c].empty();
+  for (size_t c = 0; c < n; ++c) tail_units += count[c] > 0;
   const int64_t per_unit = workers / (tail_units * heads);
   const auto parts_of = [&](size_t c) {
     const PrefixUnit& u = chunks[c];
-    return tails.of_chunk[c].empty()
+    return count[c] == 0
                ? int64_t(1)
                : std::max<int64_t>(std::min<int64_t>({per_unit, u.num_queries / 2, u.num_queries * group / 64}), 1);
   };
   int64_t units = 0;
-  for (size_t c = 0; c < n; ++c) units += parent[c] < 0 ? parts_of(c) : 0;
+  for (size_t c = 0; c < n; ++c) units += top[c] == int32_t(c) ? parts_of(c) : 0;
   const int64_t items = units * heads, rounds = (items + workers - 1) / workers;
   if (100 * items < 95 * rounds * workers) return {};
 
-  // The kept chunks, each dealt into its parts; a part's tails are those of its queries.
-  std::vector<PrefixUnit> dealt;
-  std::vector<std::vector<UnitTail>> dealt_tails;
-  dealt.reserve(size_t(units));
-  dealt_tails.reserve(size_t(units));
+  // The joining chunks as tails of their top chunk, grouped by it.
+  std::vector<int32_t> at(n + 1, 0);
+  for (size_t c = 0; c < n; ++c) at[c + 1] = at[c] + count[c];
+  std::vector<UnitTail> joined(static_cast<size_t>(at[n]));
+  std::vector<int32_t> next(at.begin(), at.end() - 1);
   for (size_t c = 0; c < n; ++c) {
-    if (parent[c] >= 0) continue;
+    if (top[c] == int32_t(c)) continue;
+    const PrefixUnit& u = chunks[c];
+    joined[size_t(next[size_t(top[c])]++)] = {
+        .query_begin = base[c], .query_end = base[c] + u.num_queries, .block_begin = u.block_begin,
+        .num_tokens = u.num_tokens};
+  }
+  // The top chunks, each dealt into its parts; a part's tails are those of its queries.
+  Tails tails{.tokens = tokens};
+  std::vector<PrefixUnit> dealt;
+  dealt.reserve(size_t(units));
+  tails.begin.reserve(size_t(units) + 1);
+  for (size_t c = 0; c < n; ++c) {
+    if (top[c] != int32_t(c)) continue;
     const PrefixUnit& u = chunks[c];
     const int64_t parts = parts_of(c);
     for (int64_t k = 0; k < parts; ++k) {
       PrefixUnit part = u;
-      const int32_t begin = int32_t(u.num_queries * k / parts), end = int32_t(u.num_queries * (k + 1) / parts);
-      std::vector<UnitTail> part_tails;
-      for (UnitTail t : tails.of_chunk[c]) {
-        t.query_begin = std::max(t.query_begin, begin) - begin;
-        t.query_end = std::min(t.query_end, end) - begin;
-        if (t.query_begin < t.query_end) part_tails.push_back(t);
+      const int32_t first = int32_t(u.num_queries * k / parts), end = int32_t(u.num_queries * (k + 1) / parts);
+      tails.begin.push_back(int32_t(tails.list.size()));
+      for (int32_t i = at[c]; i < at[c + 1]; ++i) {
+        UnitTail t = joined[size_t(i)];
+        t.query_begin = std::max(t.query_begin, first) - first;
+        t.query_end = std::min(t.query_end, end) - first;
+        if (t.query_begin < t.query_end) tails.list.push_back(t);
       }
       if (parts > 1) {
-        part.query_begin = u.query_begin + begin;
-        part.num_queries = end - begin;
+        part.query_begin = u.query_begin + first;
+        part.num_queries = end - first;
         part.m_tile = select_m_tile(part.num_queries * group, options.m_tiles);
         part.kv_shared = 1;
       }
       dealt.push_back(part);
-      dealt_tails.push_back(std::move(part_tails));
     }
   }
+  tails.begin.push_back(int32_t(tails.list.size()));
   chunks = std::move(dealt);
-  tails.of_chunk = std::move(dealt_tails);
   return tails;
 }
 }  // namespace
@@ -412,9 +419,10 @@ PrefixPlan plan_prefix(const PrefixForest& forest, const DecodeBatch& batch, con
         plan.unit_queries.push_back({.seq = seq, .piece = pieces_of[size_t(seq)]++});
       }
       unit.tail_begin = int32_t(plan.unit_tails.size());
-      if (!tails.of_chunk.empty() && begin + unit.num_tokens == chunk.num_tokens) {  // with the last piece
-        const std::vector<UnitTail>& own = tails.of_chunk[size_t(&chunk - chunks.data())];
-        plan.unit_tails.insert(plan.unit_tails.end(), own.begin(), own.end());
+      if (!tails.begin.empty() && begin + unit.num_tokens == chunk.num_tokens) {  // with the last piece
+        const size_t c = size_t(&chunk - chunks.data());
+        plan.unit_tails.insert(plan.unit_tails.end(), tails.list.begin() + tails.begin[c],
+                               tails.list.begin() + tails.begin[c + 1]);
       }
       unit.num_tails = int32_t(plan.unit_tails.size()) - unit.tail_begin;
       plan.units.push_back(unit);
