@@ -175,11 +175,11 @@ class Packer {
 // The long-KV split's piece length. The paper cuts units longer than the batch mean; here only
 // units longer than a worker's fair share of the batch (KV tokens of all items, tails included,
 // / workers) are cut, because each cut adds a partial state per row, written and merged: at GQA
-// groups of 4-8 those outweigh the KV of trees made mostly of short tails (the mean of such a batch is about
-// the tail length). Cut units leave some number of rounds of items over the workers; the piece
-// is then the shortest that keeps that number of rounds (a longer one would leave the last round
-// mostly idle: 144 items on 132 workers take two rounds of the longest item). Never below the
-// minimum; 0 when no unit is longer.
+// groups of 4-8 those outweigh the KV of trees made mostly of short tails (the mean of such a
+// batch is about the tail length). Cut units leave some number of rounds of items over the
+// workers; the piece is then the shortest that keeps that number of rounds (a longer one would
+// leave the last round mostly idle: 144 items on 132 workers take two rounds of the longest
+// item). Never below the minimum; 0 when no unit is longer.
 //
 // Units of one length that are no longer than a fair share are dealt out in whole rounds as
 // well: 256 sequences of 4096 tokens at 8 kv heads are 2048 items, 16 rounds on 132 workers for
