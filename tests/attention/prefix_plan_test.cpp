@@ -501,6 +501,47 @@ TEST(PrefixPlan, ShortLeavesAreTailsOfTheirParentsUnit) {
   EXPECT_TRUE(std::none_of(no_tails.units.begin(), no_tails.units.end(), [](const PrefixUnit& u) { return u.num_tails > 0; }));
 }
 
+// 1,2,8_256,32,24 at group 1: the two 32-token children are kept apart from the 256-token root (a
+// partial state of 1032 bytes for each of their 4 queries is less than reading the root again),
+// so without tails a query has three pieces. With them the children join the root's unit for
+// their 4 queries each, and the leaves join through them: one unit, no merge.
+TEST(PrefixPlan, InnerNodesAndLeavesAreTailsOfOneUnit) {
+  const AttentionShape shape = shape_of(1, 2);
+  const DecodeBatch batch = make_tree_batch(parse_prefix_tree("1,2,8_256,32,24"), 16, 3);
+  const DeviceInfo device{.num_workers = 2};
+  const PrefixPlanOptions without{.split = false}, with{.split = false, .max_tail_tokens = 32};
+  const PrefixPlan apart = plan_prefix(batch, shape, device, without);
+  check_plan(apart, batch, shape, without);
+  EXPECT_EQ(apart.units.size(), 1u + 2u + 8u);
+  EXPECT_EQ(apart.num_pieces, 8 * 3);
+
+  const PrefixPlan plan = plan_prefix(batch, shape, device, with);
+  check_plan(plan, batch, shape, with);
+  ASSERT_EQ(plan.units.size(), 1u);
+  const PrefixUnit& root = plan.units[0];
+  EXPECT_EQ(root.num_tokens, 256);
+  EXPECT_EQ(root.num_queries, 8);
+  ASSERT_EQ(root.num_tails, 2 + 8);
+  int32_t children = 0, leaves = 0;
+  for (int32_t t = root.tail_begin; t < root.tail_begin + root.num_tails; ++t) {
+    const UnitTail& tail = plan.unit_tails[size_t(t)];
+    if (tail.query_end - tail.query_begin == 4) {
+      EXPECT_EQ(tail.query_begin % 4, 0);
+      EXPECT_EQ(tail.num_tokens, 32);
+      ++children;
+    } else {
+      EXPECT_EQ(tail.query_end - tail.query_begin, 1);
+      EXPECT_EQ(tail.num_tokens, 24);
+      ++leaves;
+    }
+  }
+  EXPECT_EQ(children, 2);
+  EXPECT_EQ(leaves, 8);
+  EXPECT_EQ(plan.num_pieces, 0);
+  EXPECT_TRUE(plan.merges.empty());
+  EXPECT_EQ(plan_traffic(plan, shape, with).kv, kv_bytes_of_tokens(256 + 2 * 32 + 8 * 24, shape, 2));
+}
+
 // 300 queries under one 256-token root: a 128-row tile holds 128 of them at group 1, so the
 // root is read by 3 units of 100 queries, marked kv_shared, side by side in the item order.
 TEST(PrefixPlan, RowChunksSplitAWideNodeEvenly) {
