@@ -802,6 +802,7 @@ TEST(PrefixPlan, RejectsBadOptionsAndBatches) {
   expect_invalid(batch, shape, PrefixPlanOptions{.min_kv_tokens_per_unit = 0});
   expect_invalid(batch, shape, PrefixPlanOptions{.kv_bytes_per_element = 0});
   expect_invalid(batch, shape, PrefixPlanOptions{.partial_o_bytes_per_element = 0});
+  expect_invalid(batch, shape, PrefixPlanOptions{.max_tail_tokens = -1});
   expect_invalid(batch, shape_of(32, 1), PrefixPlanOptions{.m_tiles = {16}});  // a group of 32 rows
   expect_invalid(batch, AttentionShape{6, 4, 128, 16, 0.1f}, PrefixPlanOptions{});
   DecodeBatch too_few;

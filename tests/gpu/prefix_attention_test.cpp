@@ -320,6 +320,39 @@ TEST(PrefixKernelUnits, TailTilesTakeTheRowBlocksInTurn) {
   }
 }
 
+// The workspace checks a plan's tails before anything reaches the device (host only): tails at a
+// shape the kernel reads none at, a unit's tail list past the plan's, a tail for queries the
+// unit does not have or over blocks past the batch's.
+TEST(PrefixKernelUnits, RejectsTailsTheKernelCannotRead) {
+  const attention::DecodeBatch batch = attention::make_tree_batch(attention::parse_prefix_tree("1,4,32_64,128,24"), 16, 3);
+  const AttentionShape shape{.num_q_heads = 8, .num_kv_heads = 2, .head_dim = 128, .block_size = 16};
+  const PrefixPlan plan = attention::plan_prefix(batch, shape, {.num_workers = 8}, {.split = false, .max_tail_tokens = 32});
+  ASSERT_GT(plan.units[0].num_tails, 0);
+  PrefixTiles tiles{.m_tiles = {16, 32, 64, 128}, .kv_tile_tokens = 64, .one_tile_rows = 64,
+                    .max_tail_tokens = prefix_max_tail_tokens(shape.group_size(), shape.block_size)};
+  const auto expect_rejected = [&](const PrefixPlan& p, const PrefixTiles& t) {
+    PrefixWorkspace workspace;
+    try {
+      workspace.upload(p, batch, shape, t);
+      ADD_FAILURE() << "no error";
+    } catch (const Error& e) {
+      EXPECT_EQ(e.kind(), ErrorKind::kInvalidArgument) << e.what();
+    }
+  };
+  PrefixTiles no_tails = tiles;
+  no_tails.max_tail_tokens = 0;
+  expect_rejected(plan, no_tails);
+  PrefixPlan past = plan;
+  past.units[0].num_tails = int32_t(plan.unit_tails.size()) + 1;
+  expect_rejected(past, tiles);
+  PrefixPlan queries = plan;
+  queries.unit_tails[size_t(plan.units[0].tail_begin)].query_end = plan.units[0].num_queries + 1;
+  expect_rejected(queries, tiles);
+  PrefixPlan blocks = plan;
+  blocks.unit_tails[size_t(plan.units[0].tail_begin)].block_begin = int32_t(batch.block_ids.size());
+  expect_rejected(blocks, tiles);
+}
+
 TEST(PrefixSchedule, RunsEveryItemOnceLongestFirst) {
   // 3 CTAs. Unit 0: 256 tokens of 128 rows (cost 4 x 6); then eight one-tile units of 8 rows
   // (cost 4 each), one kv head. A round-robin would give CTA 0 the long unit and two of the

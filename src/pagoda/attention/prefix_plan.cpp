@@ -22,6 +22,10 @@ void validate_options(const PrefixPlanOptions& options) {
          "prefix plan: min tokens per unit {} and bytes per element {} (KV) and {} (partial o) must be positive",
          options.min_kv_tokens_per_unit, options.kv_bytes_per_element, options.partial_o_bytes_per_element);
   }
+  if (options.max_tail_tokens < 0) {
+    fail(ErrorKind::kInvalidArgument, "prefix plan: max tail tokens {} must not be negative (0: no tails)",
+         options.max_tail_tokens);
+  }
 }
 
 // Bytes one query's partial state costs per kv head: o and fp32 lse of its group rows, written by

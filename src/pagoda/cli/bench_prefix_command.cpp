@@ -27,6 +27,7 @@
 #include "pagoda/attention/plan.h"
 #include "pagoda/attention/prefix_plan.h"
 #include "pagoda/attention/tree_batch.h"
+#include "pagoda/backend/cuda/kernels/prefix_params.h"
 #include "pagoda/cli/bench_report.h"
 #include "pagoda/cli/commands.h"
 #include "pagoda/cli/head_spec.h"
@@ -180,9 +181,10 @@ void run_plan_only(const PrefixBenchFlags& flags, const std::vector<HeadSpec>& h
   for (const std::string& tree : flags.trees) {
     for (HeadSpec h : heads) {
       // The GPU kernel's options at these heads (prefix_plan_options): f16 partial states, and
-      // tails, which it reads at GQA groups dividing 16.
-      const attention::PrefixPlanOptions options{.partial_o_bytes_per_element = 2,
-                                                 .max_tail_tokens = 16 % (h.q_heads / h.kv_heads) == 0 ? 32 : 0};
+      // the tails it reads.
+      const attention::PrefixPlanOptions options{
+          .partial_o_bytes_per_element = 2,
+          .max_tail_tokens = cuda::prefix_max_tail_tokens(h.q_heads / h.kv_heads, flags.block_size)};
       const PlanFigures f = plan_figures(tree, h, flags, options, {.num_workers = flags.workers}, 2);
       std::printf("%-42s %3d/%-2d %7zu %10.1f %10.1f %10.1f %9.1f %9.2f %9.1f\n", tree.c_str(), h.q_heads, h.kv_heads,
                   f.plan.units.size(), f.unique_bytes / 1e6, f.traffic.total() / 1e6, f.unpacked.total() / 1e6,

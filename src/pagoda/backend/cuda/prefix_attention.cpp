@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <array>
 #include <climits>
 #include <numbers>
 #include <numeric>
@@ -36,12 +37,9 @@ PrefixTiles prefix_tiles(const attention::AttentionShape& shape, DType dtype) {
   const double peak_bandwidth = double(device_attribute(cudaDevAttrMemoryClockRate)) * 1e3 * 2 *
                                 device_attribute(cudaDevAttrGlobalMemoryBusWidth) / 8;
   const int64_t row_bytes = int64_t(shape.head_dim) * int64_t(dtype_size(dtype));
-  const bool pairs_per_row_block = shape.group_size() >= 1 && 16 % shape.group_size() == 0;
   PrefixTiles tiles{.kv_tile_tokens = kernel.tile_tokens,
                     .one_tile_rows = kernel.one_tile_rows,
-                    .max_tail_tokens = pairs_per_row_block && shape.block_size <= kernel.tile_tokens / 2
-                                           ? kernel.tile_tokens / 2
-                                           : 0,
+                    .max_tail_tokens = prefix_max_tail_tokens(shape.group_size(), shape.block_size),
                     .stages = kernel.stages,
                     .ctas_per_sm = kernel.ctas_per_sm};
   tiles.workers = sms * std::max(kernel.ctas_per_sm, 1);
@@ -213,7 +211,7 @@ KernelUnits kernel_units(const attention::PrefixPlan& plan, std::span<const int3
     // Row blocks in turn: each tile's rank among the tiles of its first row block, then that block.
     first_block.assign(unit_tiles.size(), 0);
     ordinal.assign(unit_tiles.size(), 0);
-    std::vector<int32_t> seen(8, 0);
+    std::array<int32_t, 8> seen{};  // tiles so far by first row block (at most 128 rows)
     for (size_t i = 0; i < unit_tiles.size(); ++i) {
       const PrefixTailTile& t = unit_tiles[i];
       const int32_t lo = t.second_end > t.second_begin ? std::min(t.first_begin, t.second_begin) : t.first_begin;

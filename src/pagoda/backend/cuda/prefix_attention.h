@@ -35,10 +35,7 @@ struct PrefixTiles {
   std::vector<int32_t> m_tiles;  // feasible, ascending
   int32_t kv_tile_tokens = 0;
   int32_t one_tile_rows = 0;  // the most query rows of an item of one KV tile (kernel_units)
-  // Tails (PrefixPlanOptions::max_tail_tokens): two of at most half a tile share a tile where a
-  // 16-row block holds whole pairs of queries (GQA group 1, 2, 4 or 8) and blocks are at most
-  // half a tile; else 0, no tails.
-  int32_t max_tail_tokens = 0;
+  int32_t max_tail_tokens = 0;  // PrefixPlanOptions::max_tail_tokens: prefix_max_tail_tokens
   int32_t stages = 0;
   int32_t ctas_per_sm = 0;
   int32_t workers = 0;  // SMs x CTAs per SM: the persistent grid

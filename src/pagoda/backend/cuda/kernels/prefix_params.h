@@ -15,6 +15,13 @@ namespace pagoda::cuda {
 // host's kernel units and schedule costs count in it.
 inline constexpr int32_t kPrefixTileTokens = 64;
 
+// The longest tail two of which share a tail tile (PrefixTailTile, PrefixPlanOptions::
+// max_tail_tokens): half a tile, where a 16-row block holds whole pairs of queries (GQA group 1,
+// 2, 4 or 8) and a half tile whole blocks; else 0, no tails.
+constexpr int32_t prefix_max_tail_tokens(int32_t group, int32_t block_size) {
+  return group >= 1 && 16 % group == 0 && block_size <= kPrefixTileTokens / 2 ? kPrefixTileTokens / 2 : 0;
+}
+
 // An item's M tile: its query rows rounded up to 16, 32, 64 or 128 (the tile selector's choice;
 // the plan keeps at most 128 rows). M / 16 warps own 16 rows each.
 constexpr int prefix_m_tile(int rows) { return rows <= 16 ? 16 : rows <= 32 ? 32 : rows <= 64 ? 64 : 128; }
