@@ -522,6 +522,42 @@ TEST(GpuPrefix, EveryTileAndSplitChoice) {
   expect_forest_matches(c, 104, {}, 1);
 }
 
+// A unit whose KV other units read too spreads its shared tiles among its tail tiles (the
+// kernel's look-ahead). 1,2,128_32,256,40 at group 2 on 8 workers: each node's 64 queries are
+// dealt into two units of 64 rows, both reading the root and the node (288 tokens: 5 tiles,
+// kv_shared) and 32 leaves of 40 tokens, a tail tile each. 1,2,64_16,32,40 at group 4 on 4
+// workers: a 128-row unit per node over one shared tile (the root, which both read, and the
+// node), so that its second tile, the one that carries Q rows 64-127, is a tail tile.
+TEST(GpuPrefix, TailTilesAmongSharedTiles) {
+  SKIP_WITHOUT_GPU();
+  struct Case {
+    const char* tree;
+    int32_t group, workers, shared_tiles;
+  };
+  for (const Case t : {Case{"1,2,128_32,256,40", 2, 8, 5}, Case{"1,2,64_16,32,40", 4, 4, 1}}) {
+    const Config c{.dtype = DType::kF16, .head_dim = 128, .block_size = 16, .group = t.group, .num_kv_heads = 2};
+    const attention::PrefixTreeSpec spec = attention::parse_prefix_tree(t.tree);
+    const attention::DecodeBatch batch = attention::make_tree_batch(spec, c.block_size, 5);
+    std::vector<std::vector<int32_t>> blocks;
+    for (int32_t s = 0; s < batch.num_seqs(); ++s) {
+      const auto ids = batch.blocks_of(s);
+      blocks.emplace_back(ids.begin(), ids.end());
+    }
+    Inputs in = make_inputs(c, int32_t(attention::tree_num_blocks(spec, c.block_size)), blocks, batch.kv_lengths, 9);
+    const PrefixTiles tiles = prefix_tiles(in.shape, c.dtype);
+    const PrefixPlan plan = attention::plan_prefix(in.batch, in.shape, {.num_workers = t.workers},
+                                                   {.split = false, .m_tiles = tiles.m_tiles,
+                                                    .max_tail_tokens = tiles.max_tail_tokens});
+    for (const attention::PrefixUnit& u : plan.units) {  // the shape the cases are for
+      ASSERT_EQ(u.kv_shared, 1) << t.tree;
+      ASSERT_EQ((u.num_tokens + 63) / 64, t.shared_tiles) << t.tree;
+      ASSERT_EQ(u.num_queries * t.group, t.group == 2 ? 64 : 128) << t.tree;
+      ASSERT_GT(u.num_tails, 0) << t.tree;
+    }
+    expect_plan_matches(c, std::move(in), t.tree, {.split = false}, t.workers);
+  }
+}
+
 // Scores that climb `step` (natural log units) every 16 tokens of a sequence: every query row is
 // u = (1, -1, 1, ...) and the K row at position t is u * step * (t / 16) / sqrt(head_dim), so
 // q.k / sqrt(head_dim) = step * (t / 16). At step 6 (8.7 in the kernel's log2 units) a row's

@@ -8,11 +8,11 @@
 // KV tokens of one kv head, or a pair of units of at most 32 tokens each (KernelUnit): the first's
 // tokens fill tile rows [0, 32), the second's the rest, and each row is masked to its own unit's
 // tokens. Every K/V byte lands in shared memory once and serves all the rows. A unit with tails
-// (PrefixPlan::unit_tails: its queries' private leaves, the nodes below it) reads them after its
-// own KV in tail tiles (PrefixTailTile): two tails of at most 32 tokens in the halves of a tile,
-// or a longer one in whole tiles, each row masked to its query's, computed by the warps holding
-// those rows; they fold into the rows' state in registers instead of leaving partial states for
-// the merge.
+// (PrefixPlan::unit_tails: its queries' private leaves, the nodes below it) reads them in tail
+// tiles (PrefixTailTile) after its own KV, or among it where other items read that KV too: two
+// tails of at most 32 tokens in the halves of a tile, or a longer one in whole tiles, each row
+// masked to its query's, computed by the warps holding those rows; they fold into the rows'
+// state in registers instead of leaving partial states for the merge.
 // Tensor cores, FlashAttention-2 style, the rows on the M side:
 //   S [16 rows x 16 tokens]  = Q [16 x d] . K^T          (mma m16n8k16; B = K rows, ldmatrix)
 //   O [16 rows x d]         += P [16 x 16 tokens] . V    (P from S's accumulators; V by ldmatrix.trans)
@@ -75,7 +75,7 @@ struct alignas(8) PrefixTileDesc {  // 8: the mbarriers after the descriptor arr
   int32_t tail_second_begin, tail_second_end;  // and the second
   int32_t tail_warps;                          // bit w: warp w computes the tile; 0: shared KV
   int32_t num_tokens; // of the item's shared KV
-  int32_t tile;       // index in the item
+  int32_t tile;       // a shared tile: its index among the item's; a tail tile: its place in the item (>= 1)
   int32_t last;       // 1: the item's last tile
   int32_t kv_head;    // -1: past the CTA's last item (the consumers stop there)
   int32_t rows;       // query rows of the item
@@ -213,18 +213,33 @@ __global__ void __launch_bounds__(PrefixTiledConfig<kHeadDim>::kThreads, 1)
     // The look-ahead: describes tile `step` of the CTA into desc ring slot step % (kLookahead + 1).
     auto* desc_ring = reinterpret_cast<PrefixTileDesc*>(smem + C::kDescRingOffset);
     const int blocks_per_tile = C::kTileTokens >> p.pool.block_size_log2;
-    int ahead_n = 0, ahead_tile = 0;
+    int ahead_n = 0, ahead_tile = 0, ahead_shared = 0;  // ahead_shared: of the item's tiles so far
     Unit ahead = unit_of(0);
     auto look_ahead = [&](int step) {
       if (!looks_ahead) return;
       PrefixTileDesc& d = desc_ring[step % (C::kLookahead + 1)];
       const int shared_tiles = (ahead.num_tokens + C::kTileTokens - 1) / C::kTileTokens;
       const int num_tiles = shared_tiles + ahead.tail_tiles;
-      const bool tail = ahead.kv_head >= 0 && ahead_tile >= shared_tiles;
+      // KV other items read too (kv_shared) comes from L2 for all but the first of them: its tiles
+      // are spread evenly among the item's tail tiles, which come from DRAM, so that the CTAs
+      // reading one node together keep asking DRAM for bytes at its rate rather than first idling
+      // it on the node and then all wanting their tails (1,8,512_32,2048,256 at 16/8, its units
+      // dealt into two row chunks: 223 -> 208 us on an H100). The first two tiles are the item's
+      // first shared ones (they carry its Q rows: `tile` 0 and 1); a shared tile's `tile` is its
+      // index among them, a tail tile's its place in the item (>= 1).
+      const int tails_done = ahead_tile - ahead_shared;
+      bool tail = false;
+      if (ahead.tail_tiles > 0 && ahead.kv_head >= 0) {  // else (most items) no arithmetic on the copies' path
+        const int lead = min(shared_tiles, 2), rest = shared_tiles - lead;
+        tail = ahead_shared >= lead &&
+               (ahead_shared == shared_tiles ||
+                (ahead.kv_shared && tails_done < ahead.tail_tiles &&
+                 (2 * (ahead_shared - lead) + 1) * ahead.tail_tiles > (2 * tails_done + 1) * rest));
+      }
       if (lane == 0) {
         if (!tail) d.tail_warps = 0;
         d.num_tokens = ahead.num_tokens;
-        d.tile = ahead_tile;
+        d.tile = tail ? ahead_tile : ahead_shared;
         d.last = ahead_tile == num_tiles - 1;
         d.kv_head = ahead.kv_head;
         d.rows = ahead.rows;
@@ -237,12 +252,12 @@ __global__ void __launch_bounds__(PrefixTiledConfig<kHeadDim>::kThreads, 1)
       if (tail) {  // the tail tile's description, ids included, as the host wrote it
         constexpr int kWords = sizeof(PrefixTailTile) / 4;
         static_assert(kWords == 11 && offsetof(PrefixTileDesc, tail_warps) == (kWords - 1) * 4);
-        const int32_t* src = &p.tail_tiles[ahead.tail_begin + ahead_tile - shared_tiles].ids[0];
+        const int32_t* src = &p.tail_tiles[ahead.tail_begin + tails_done].ids[0];
         if (lane < kWords) ptx::cp_async_small<4>(ptx::smem_address(&d.ids[0]) + 4 * lane, src + lane);
       } else {
         // A pair's tile: the first unit's blocks in its first half, the second's in the other.
         const bool second = ahead.pair_split > 0 && lane >= blocks_per_tile / 2;
-        const int block = second ? lane - blocks_per_tile / 2 : ahead_tile * blocks_per_tile + lane;
+        const int block = second ? lane - blocks_per_tile / 2 : ahead_shared * blocks_per_tile + lane;
         const int tokens = ahead.pair_split == 0 ? ahead.num_tokens
                            : second              ? ahead.num_tokens - C::kTileTokens / 2
                                                  : ahead.pair_split;
@@ -257,8 +272,10 @@ __global__ void __launch_bounds__(PrefixTiledConfig<kHeadDim>::kThreads, 1)
           ptx::cp_async_small<8>(slot + j * 8, p.unit_queries + ahead.query_begin + j);
         }
       }
+      ahead_shared += !tail;
       if (++ahead_tile == num_tiles) {
         ahead_tile = 0;
+        ahead_shared = 0;
         ahead = unit_of(++ahead_n);
       }
     };
@@ -619,6 +636,10 @@ __global__ void __launch_bounds__(PrefixTiledConfig<kHeadDim>::kThreads, 1)
       // token at tile row 0. A tail tile goes whole to each of its warps, its rows' ranges
       // tile-relative (its second half holds no data, not even zeros, under a short lone tail).
       int token0 = tile * C::kTileTokens, end = num_tokens - token0, lo = wn * slice, hi = lo + slice;
+      if (tail_warps == 0 && tile > 0) {  // maybe after a tail tile's ranges (an item of two tiles is no pair)
+        token_begin[0] = token_begin[1] = 0;
+        token_end[0] = token_end[1] = num_tokens;
+      }
       if (tail_warps != 0) {
         tail_ranges(d);
         token0 = 0;
