@@ -695,6 +695,28 @@ TEST(PrefixPlan, LongKvSplitCutsALongRootIntoEqualPieces) {
   EXPECT_EQ(four.split_tokens, 2048);
 }
 
+// 1,10_4096,416 at 32 kv heads on 132 workers: the rounds' rule cuts the root into 6 pieces of
+// 688 tokens beside the 416-token leaves, 512 items of two lengths; cut to the leaves' length
+// instead, the root's 10 pieces and the leaves are 640 items of at most 416 tokens, 5 rounds 97%
+// full. At 8 kv heads the rounds' rule cuts the leaves too (pieces of 320): nothing is left whole.
+TEST(PrefixPlan, PiecesAreNoLongerThanTheUnitsLeftWhole) {
+  const DecodeBatch batch = make_tree_batch(parse_prefix_tree("1,10_4096,416"), 16, 5);
+  const PrefixPlanOptions options;
+  PrefixPlanOptions unsplit = options;
+  unsplit.split = false;
+  for (const auto& [kv_heads, split_tokens, units] :
+       std::vector<std::tuple<int32_t, int32_t, size_t>>{{32, 416, 20}, {8, 320, 33}}) {
+    SCOPED_TRACE(kv_heads);
+    const AttentionShape shape = shape_of(1, kv_heads);
+    const PrefixPlan plan = plan_prefix(batch, shape, DeviceInfo{.num_workers = 132}, options);
+    check_plan(plan, batch, shape, options);
+    check_split(plan, plan_prefix(batch, shape, DeviceInfo{.num_workers = 132}, unsplit), options, 16);
+    EXPECT_EQ(plan.split_tokens, split_tokens);
+    EXPECT_EQ(plan.units.size(), units);
+    for (const PrefixUnit& u : plan.units) EXPECT_LE(u.num_tokens, split_tokens);
+  }
+}
+
 // 256 sequences of 4096 tokens, no sharing, on 132 workers: no unit is longer than a fair share,
 // but 2048 whole units (8 kv heads) take 16 rounds for 15.5 rounds of work. Cut in 3 (whole
 // blocks: 1376, 1376, 1344) they take 47 rounds for 46.5; at 32 kv heads 8192 units take 63 for

@@ -229,6 +229,20 @@ int32_t split_length(const std::vector<PrefixUnit>& units, int64_t tail_tokens, 
       lo = mid + bs;
     }
   }
+  // Pieces longer than the units left whole come first in the schedule, a round or two of them,
+  // and the whole units fill the rest unevenly: 1,10_4096,416 at 32 kv heads cuts its root into 6
+  // pieces of 688 tokens beside 416-token leaves, and its busiest worker gets 9% more than the
+  // mean. Cut to the longest whole unit instead (10 pieces of 416: items of one length) where
+  // that is at least half the piece and fills the last round as well (2.3 us of 58.6 faster on an
+  // H100); the other cuts measured in between there, and none faster.
+  int64_t whole = 0;  // in whole blocks
+  for (const PrefixUnit& u : units) {
+    if (u.num_tokens < length) whole = std::max<int64_t>(whole, (u.num_tokens + bs - 1) / bs * bs);
+  }
+  if (whole >= floor && whole < length && 2 * whole >= length) {
+    const int64_t n = items(whole), rounds = (n + workers - 1) / workers;
+    if (100 * n >= 95 * rounds * workers) return int32_t(whole);
+  }
   return int32_t(length);
 }
 
