@@ -224,9 +224,9 @@ __global__ void __launch_bounds__(PrefixTiledConfig<kHeadDim>::kThreads, 1)
       // are spread evenly among the item's tail tiles, which come from DRAM, so that the CTAs
       // reading one node together keep asking DRAM for bytes at its rate rather than first idling
       // it on the node and then all wanting their tails (1,8,512_32,2048,256 at 16/8, its units
-      // dealt into two row chunks: 223 -> 208 us on an H100). The first two tiles are the item's
-      // first shared ones (they carry its Q rows: `tile` 0 and 1); a shared tile's `tile` is its
-      // index among them, a tail tile's its place in the item (>= 1).
+      // dealt into two row chunks: 223 -> 208 us on an H100). An item starts with its first two
+      // shared tiles, or its only one: a shared tile's `tile` is its index among them, a tail
+      // tile's its place in the item, and `tile` 0 and 1 carry the item's Q rows.
       const int tails_done = ahead_tile - ahead_shared;
       bool tail = false;
       if (ahead.tail_tiles > 0 && ahead.kv_head >= 0) {  // else (most items) no arithmetic on the copies' path
