@@ -655,6 +655,19 @@ void check_split(const PrefixPlan& split, const PrefixPlan& whole, const PrefixP
   for (int32_t n : claimed) ASSERT_EQ(n, 1);
 }
 
+// `batch` planned with the default options on `workers` workers, checked, and its split checked
+// against the same plan unsplit.
+PrefixPlan checked_split_plan(const DecodeBatch& batch, const AttentionShape& shape, int32_t workers) {
+  const PrefixPlanOptions options;
+  PrefixPlanOptions unsplit = options;
+  unsplit.split = false;
+  const PrefixPlan plan = plan_prefix(batch, shape, DeviceInfo{.num_workers = workers}, options);
+  check_plan(plan, batch, shape, options);
+  check_split(plan, plan_prefix(batch, shape, DeviceInfo{.num_workers = workers}, unsplit), options,
+              shape.block_size);
+  return plan;
+}
+
 // One long root read by two queries, on a device of 132 workers: the fair share of the device is
 // below the minimum, so the root is cut into min-sized pieces: 32 of 128 tokens.
 TEST(PrefixPlan, LongKvSplitCutsALongRootIntoEqualPieces) {
@@ -701,19 +714,12 @@ TEST(PrefixPlan, LongKvSplitCutsALongRootIntoEqualPieces) {
 // full. At 8 kv heads the rounds' rule cuts the leaves too (pieces of 320): nothing is left whole.
 TEST(PrefixPlan, PiecesAreNoLongerThanTheUnitsLeftWhole) {
   const DecodeBatch batch = make_tree_batch(parse_prefix_tree("1,10_4096,416"), 16, 5);
-  const PrefixPlanOptions options;
-  PrefixPlanOptions unsplit = options;
-  unsplit.split = false;
   for (const auto& [kv_heads, split_tokens, units] :
        std::vector<std::tuple<int32_t, int32_t, size_t>>{{32, 416, 20}, {8, 320, 33}}) {
     SCOPED_TRACE(kv_heads);
-    const AttentionShape shape = shape_of(1, kv_heads);
-    const PrefixPlan plan = plan_prefix(batch, shape, DeviceInfo{.num_workers = 132}, options);
-    check_plan(plan, batch, shape, options);
-    check_split(plan, plan_prefix(batch, shape, DeviceInfo{.num_workers = 132}, unsplit), options, 16);
+    const PrefixPlan plan = checked_split_plan(batch, shape_of(1, kv_heads), 132);  // no unit longer than the piece
     EXPECT_EQ(plan.split_tokens, split_tokens);
     EXPECT_EQ(plan.units.size(), units);
-    for (const PrefixUnit& u : plan.units) EXPECT_LE(u.num_tokens, split_tokens);
   }
 }
 
@@ -723,16 +729,10 @@ TEST(PrefixPlan, PiecesAreNoLongerThanTheUnitsLeftWhole) {
 // 62.1, cut in 2, 125 for 124.1. At 1 kv head no cut of up to 8 fills its rounds to 99%.
 TEST(PrefixPlan, UnitsOfOneLengthAreCutToFillTheirRounds) {
   const DecodeBatch batch = make_tree_batch(parse_prefix_tree("256_4096"), 16, 3);
-  const PrefixPlanOptions options;
-  PrefixPlanOptions unsplit = options;
-  unsplit.split = false;
   for (const auto& [kv_heads, split_tokens, pieces] :
        std::vector<std::tuple<int32_t, int32_t, size_t>>{{8, 1376, 3}, {32, 2048, 2}, {1, 0, 1}}) {
     SCOPED_TRACE(kv_heads);
-    const AttentionShape shape = shape_of(4, kv_heads);
-    const PrefixPlan plan = plan_prefix(batch, shape, DeviceInfo{.num_workers = 132}, options);
-    check_plan(plan, batch, shape, options);
-    check_split(plan, plan_prefix(batch, shape, DeviceInfo{.num_workers = 132}, unsplit), options, 16);
+    const PrefixPlan plan = checked_split_plan(batch, shape_of(4, kv_heads), 132);
     EXPECT_EQ(plan.split_tokens, split_tokens);
     EXPECT_EQ(plan.units.size(), 256 * pieces);
     EXPECT_EQ(plan.merges.size(), pieces > 1 ? 256u : 0u);
