@@ -314,14 +314,17 @@ Tails take_tails(std::vector<PrefixUnit>& chunks, const std::vector<int32_t>& pa
   int64_t tail_units = 0;
   for (size_t c = 0; c < n; ++c) tail_units += count[c] > 0;
   const int64_t per_unit = workers / (tail_units * heads);
-  const auto parts_of = [&](size_t c) {
-    const PrefixUnit& u = chunks[c];
-    return count[c] == 0
-               ? int64_t(1)
-               : std::max<int64_t>(std::min<int64_t>({per_unit, u.num_queries / 2, u.num_queries * group / 64}), 1);
-  };
+  std::vector<int32_t> parts(n, 1);  // of each top chunk
   int64_t units = 0;
-  for (size_t c = 0; c < n; ++c) units += top[c] == int32_t(c) ? parts_of(c) : 0;
+  for (size_t c = 0; c < n; ++c) {
+    if (top[c] != int32_t(c)) continue;
+    const PrefixUnit& u = chunks[c];
+    if (count[c] > 0) {  // within one round of items, chunks of at least 64 rows and 2 queries
+      const int64_t most = std::min<int64_t>({per_unit, u.num_queries / 2, u.num_queries * group / 64});
+      parts[c] = int32_t(std::max<int64_t>(most, 1));
+    }
+    units += parts[c];
+  }
   const int64_t items = units * heads, rounds = (items + workers - 1) / workers;
   if (100 * items < 95 * rounds * workers) return {};
 
@@ -345,10 +348,9 @@ Tails take_tails(std::vector<PrefixUnit>& chunks, const std::vector<int32_t>& pa
   for (size_t c = 0; c < n; ++c) {
     if (top[c] != int32_t(c)) continue;
     const PrefixUnit& u = chunks[c];
-    const int64_t parts = parts_of(c);
-    for (int64_t k = 0; k < parts; ++k) {
+    for (int32_t k = 0; k < parts[c]; ++k) {
       PrefixUnit part = u;
-      const int32_t first = int32_t(u.num_queries * k / parts), end = int32_t(u.num_queries * (k + 1) / parts);
+      const int32_t first = u.num_queries * k / parts[c], end = u.num_queries * (k + 1) / parts[c];
       tails.begin.push_back(int32_t(tails.list.size()));
       for (int32_t i = at[c]; i < at[c + 1]; ++i) {
         UnitTail t = joined[size_t(i)];
@@ -356,7 +358,7 @@ Tails take_tails(std::vector<PrefixUnit>& chunks, const std::vector<int32_t>& pa
         t.query_end = std::min(t.query_end, end) - first;
         if (t.query_begin < t.query_end) tails.list.push_back(t);
       }
-      if (parts > 1) {
+      if (parts[c] > 1) {
         part.query_begin = u.query_begin + first;
         part.num_queries = end - first;
         part.m_tile = select_m_tile(part.num_queries * group, options.m_tiles);

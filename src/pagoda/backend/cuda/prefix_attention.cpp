@@ -88,7 +88,8 @@ const char* prefix_unsupported_reason(const attention::AttentionShape& shape, co
 }
 
 // The kernel trusts its plan: every unit reads at least one token from blocks inside the batch's
-// ids, holds at most the largest M tile of rows, and names queries and partial slots that exist.
+// ids, holds at most the largest M tile of rows, and names queries and partial slots that exist;
+// its tails (only where the kernel reads tails) likewise, for some of its own queries.
 static void check_plan(const attention::PrefixPlan& plan, const attention::DecodeBatch& batch,
                        const attention::AttentionShape& shape, const PrefixTiles& tiles) {
   const int64_t max_rows = tiles.m_tiles.empty() ? 0 : tiles.m_tiles.back();
@@ -96,18 +97,19 @@ static void check_plan(const attention::PrefixPlan& plan, const attention::Decod
     fail(ErrorKind::kInvalidArgument, "prefix attention: a plan for {} kv heads of group {}, not {} of {}",
          plan.num_kv_heads, plan.group, shape.num_kv_heads, shape.group_size());
   }
+  const auto in_batch = [&](int32_t block_begin, int32_t num_tokens) {  // a run of at least one token
+    const int64_t blocks = (int64_t(num_tokens) + shape.block_size - 1) / shape.block_size;
+    return num_tokens >= 1 && block_begin >= 0 && block_begin + blocks <= int64_t(batch.block_ids.size());
+  };
   for (const attention::PrefixUnit& u : plan.units) {
-    const int64_t blocks = (int64_t(u.num_tokens) + shape.block_size - 1) / shape.block_size;
-    if (u.num_tokens < 1 || u.num_queries < 1 || int64_t(u.num_queries) * plan.group > max_rows ||
-        u.query_begin < 0 || int64_t(u.query_begin) + u.num_queries > int64_t(plan.unit_queries.size()) ||
-        u.block_begin < 0 || u.block_begin + blocks > int64_t(batch.block_ids.size())) {
+    if (!in_batch(u.block_begin, u.num_tokens) || u.num_queries < 1 ||
+        int64_t(u.num_queries) * plan.group > max_rows || u.query_begin < 0 ||
+        int64_t(u.query_begin) + u.num_queries > int64_t(plan.unit_queries.size())) {
       fail(ErrorKind::kInvalidArgument,
            "prefix attention: a unit of {} tokens from block index {} for {} queries from {} does not fit the "
            "batch, the plan or the kernel's {} rows",
            u.num_tokens, u.block_begin, u.num_queries, u.query_begin, max_rows);
     }
-  }
-  for (const attention::PrefixUnit& u : plan.units) {
     if (u.num_tails == 0) continue;
     if (tiles.max_tail_tokens == 0) {
       fail(ErrorKind::kInvalidArgument, "prefix attention: a unit with tails, which the kernel does not read at GQA "
@@ -119,9 +121,8 @@ static void check_plan(const attention::PrefixPlan& plan, const attention::Decod
     }
     for (int32_t i = u.tail_begin; i < u.tail_begin + u.num_tails; ++i) {
       const attention::UnitTail& t = plan.unit_tails[size_t(i)];
-      const int64_t blocks = (int64_t(t.num_tokens) + shape.block_size - 1) / shape.block_size;
-      if (t.num_tokens < 1 || t.query_begin < 0 || t.query_begin >= t.query_end || t.query_end > u.num_queries ||
-          t.block_begin < 0 || t.block_begin + blocks > int64_t(batch.block_ids.size())) {
+      if (!in_batch(t.block_begin, t.num_tokens) || t.query_begin < 0 || t.query_begin >= t.query_end ||
+          t.query_end > u.num_queries) {
         fail(ErrorKind::kInvalidArgument,
              "prefix attention: a tail of {} tokens from block index {} for queries [{}, {}) of a unit of {}",
              t.num_tokens, t.block_begin, t.query_begin, t.query_end, u.num_queries);
@@ -170,7 +171,7 @@ KernelUnits kernel_units(const attention::PrefixPlan& plan, std::span<const int3
   };
   std::vector<TailPiece> pieces;
   std::vector<PrefixTailTile> unit_tiles;
-  std::vector<int32_t> first_block, ordinal;
+  std::vector<int32_t> first_block, ordinal, order;
   const auto push_tails = [&](const attention::PrefixUnit& u) {
     KernelUnit& k_unit = k.units.back();
     const int32_t group = plan.group, warps_m = prefix_m_tile(k_unit.rows) / 16;
@@ -218,7 +219,7 @@ KernelUnits kernel_units(const attention::PrefixPlan& plan, std::span<const int3
       first_block[i] = lo * group / 16;
       ordinal[i] = seen[size_t(first_block[i])]++;
     }
-    std::vector<int32_t> order(unit_tiles.size());
+    order.resize(unit_tiles.size());
     std::iota(order.begin(), order.end(), 0);
     std::ranges::stable_sort(order, [&](int32_t x, int32_t y) {
       return ordinal[size_t(x)] != ordinal[size_t(y)] ? ordinal[size_t(x)] < ordinal[size_t(y)]
