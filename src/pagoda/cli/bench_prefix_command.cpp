@@ -269,6 +269,7 @@ void run_gpu_bench(PrefixBenchFlags flags, const std::vector<HeadSpec>& heads) {
   struct Result {
     KernelTiming prefix, decode;
     double max_abs_diff;
+    int32_t ctas;  // the prefix kernel's persistent grid
   };
   std::vector<Result> results;
   for (size_t k = 0; k < configs.size(); ++k) {
@@ -288,7 +289,7 @@ void run_gpu_bench(PrefixBenchFlags flags, const std::vector<HeadSpec>& heads) {
         attention::plan_decode(f.batch, f.shape, cuda::decode_device_info(f.shape, dtype));
     cuda::DecodeWorkspace decode_ws;
     decode_ws.upload(decode_plan, f.batch, f.shape);
-    Result r{};
+    Result r{.ctas = prefix_ws.ctas};
     r.prefix = time_kernel([&] { cuda::prefix_attention(prefix_ws, f.shape, kv, q.data(), out_prefix.data(), nullptr); });
     r.decode = time_kernel([&] { cuda::decode_attention(decode_ws, f.shape, kv, q.data(), out_decode.data(), nullptr); });
     // The two kernels must agree: a guard against timing a wrong result.
@@ -347,6 +348,7 @@ void run_gpu_bench(PrefixBenchFlags flags, const std::vector<HeadSpec>& heads) {
                                {"latency_bandwidth_bytes", c.tiles.latency_bandwidth_bytes},
                                {"rejected", c.tiles.rejected}}},
                     {"prefix", timing_json(r.prefix)},
+                    {"ctas", r.ctas},
                     {"decode", timing_json(r.decode)},
                     {"floor", {{"prefix_us", floor.prefix.median_us}, {"decode_us", floor.decode.median_us}}},
                     {"max_abs_diff_prefix_vs_decode", r.max_abs_diff}});
