@@ -88,10 +88,11 @@ int64_t prefix_item_cost(const KernelUnit& u);
 // Which CTA of the persistent grid runs which item (kernel unit x kv head): longest processing
 // time first. Items in order of falling cost go each to the CTA with the least cost so far. A
 // round-robin over the plan's order (longest units first) gave the CTAs that drew the long
-// shared units as many short tails as the others.
+// shared units as many short tails as the others. Where the items fill whole rounds of fewer
+// CTAs that finish as early (by the costs), the grid is those CTAs.
 struct PrefixSchedule {
   std::vector<int32_t> slots;  // CTA c's n-th item at c + n * ctas; -1 past its last
-  int32_t ctas = 0;            // min(items, workers)
+  int32_t ctas = 0;            // at most min(items, workers)
 };
 PrefixSchedule prefix_schedule(const std::vector<KernelUnit>& units, int32_t num_kv_heads, int32_t workers);
 
