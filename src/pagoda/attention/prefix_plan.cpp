@@ -189,7 +189,8 @@ class Packer {
 // well: 256 sequences of 4096 tokens at 8 kv heads are 2048 items, 16 rounds on 132 workers for
 // 15.5 rounds of work. Then each is cut into the fewest equal pieces whose rounds are 99% full
 // (3 there: 47 rounds for 46.5), if no piece is then shorter than the minimum; units of many
-// lengths are balanced by the schedule instead. It measured 0.3-0.7% faster on that batch.
+// lengths are balanced by the schedule instead. It measured 0.3-0.7% faster on that batch, but
+// at GQA group 8 the uncut units' 16 whole rounds of 128 workers are faster still (below).
 int32_t split_length(const std::vector<PrefixUnit>& units, int64_t tail_tokens, const AttentionShape& shape,
                      const DeviceInfo& device, const PrefixPlanOptions& options) {
   if (!options.split || units.empty()) return 0;
@@ -212,11 +213,25 @@ int32_t split_length(const std::vector<PrefixUnit>& units, int64_t tail_tokens, 
   };
   if (length >= longest) {
     if (!one_length) return 0;
+    // Uncut units that fill whole rounds of all but a few workers run on those (prefix_schedule),
+    // and stay whole where a cut's partial states would move more than a tenth of the idle
+    // workers' share of the KV. On an H100, 4 idle SMs of 132 cost 256_4096 at 32 kv heads 0.35%
+    // (8192 units on 128 CTAs 5621-5622 us, 16384 pieces on 132 5600-5604: its GQA group 1 makes
+    // the partial states 0.05% of the KV), while at 8 kv heads and group 8 the cut's partial states
+    // are 0.6% of the KV and its merge a launch more (2048 units on 128 CTAs 1413-1418 us, 6144
+    // pieces on 132 1425-1428).
+    const int64_t uncut = items(longest), uncut_rounds = (uncut + workers - 1) / workers;
+    const int64_t idle = workers - uncut / uncut_rounds;
+    const int64_t token_bytes = 2 * int64_t(shape.head_dim) * options.kv_bytes_per_element;
     for (int64_t cut = 1; cut <= 8; ++cut) {
       const int64_t piece = ((longest + cut - 1) / cut + bs - 1) / bs * bs;  // whole blocks
       if (piece < floor) return 0;
       const int64_t n = items(piece), rounds = (n + workers - 1) / workers;
-      if (100 * n >= 99 * rounds * workers) return piece >= longest ? 0 : int32_t(piece);
+      if (100 * n < 99 * rounds * workers) continue;
+      if (piece >= longest) return 0;
+      const int64_t partial_share = 10 * cut * partial_bytes(shape, options) * workers;
+      const bool keep_whole = uncut % uncut_rounds == 0 && partial_share > idle * longest * token_bytes;
+      return keep_whole ? 0 : int32_t(piece);
     }
     return 0;
   }
