@@ -213,9 +213,9 @@ int32_t split_length(const std::vector<PrefixUnit>& units, int64_t tail_tokens, 
   };
   if (length >= longest) {
     if (!one_length) return 0;
-    // Uncut units that fill whole rounds of all but a few workers run on those (prefix_schedule),
-    // and stay whole where a cut's partial states would move more than a tenth of the idle
-    // workers' share of the KV. On an H100, 4 idle SMs of 132 cost 256_4096 at 32 kv heads 0.35%
+    // Uncut units that fill whole rounds of fewer workers run on those (prefix_schedule), and
+    // stay whole where a cut's partial states would move more than a tenth of the idle workers'
+    // share of the KV. On an H100, 4 idle SMs of 132 cost 256_4096 at 32 kv heads 0.35%
     // (8192 units on 128 CTAs 5621-5622 us, 16384 pieces on 132 5600-5604: its GQA group 1 makes
     // the partial states 0.05% of the KV), while at 8 kv heads and group 8 the cut's partial states
     // are 0.6% of the KV and its merge a launch more (2048 units on 128 CTAs 1413-1418 us, 6144

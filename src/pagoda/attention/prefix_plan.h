@@ -17,7 +17,7 @@
 //      equal pieces, so no worker finishes long after the others (the paper cuts at the batch
 //      mean, which multiplies partial states where short tails dominate: prefix_plan.cpp), and
 //      units all of one length are cut into pieces that fill their rounds over the workers,
-//      unless whole they fill whole rounds of nearly all of them and the cut's partial states
+//      unless whole they fill whole rounds of fewer workers and the cut's partial states
 //      would cost more than the workers left idle;
 //   5. tails (options.max_tail_tokens): a unit whose queries all belong to one unit of an
 //      ancestor (its private leaves, the nodes below it that fit its row chunk) joins that one
