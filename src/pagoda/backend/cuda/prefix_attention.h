@@ -79,10 +79,11 @@ KernelUnits kernel_units(const attention::PrefixPlan& plan, std::span<const int3
 
 // An item's cost for the schedule, in quarter tiles: its 64-token tiles (a pair's one), each
 // weighed by the rows computed on it, and its tail tiles as tiles of few rows. A tile of at most
-// 32 rows takes the time its KV takes to arrive (4); 64 rows of math take longer (5), 128 rows on eight warps longer still (6). The
-// weights are relative tile times fitted on an H100: of the weightings tried on the prefix-tree
-// batches, this one gave the highest geometric mean of the bound (bench/results' README; refitted
-// after the thirteenth session's cheaper softmax step, from 6 and 7).
+// 32 rows takes the time its KV takes to arrive (4); 64 rows of math take longer (5), 128 rows
+// on eight warps longer still (6). The weights are relative tile times fitted on an H100: of the
+// weightings tried on the prefix-tree batches, this one gave the highest geometric mean of the
+// bound (bench/results' README; refitted after the thirteenth session's cheaper softmax step,
+// from 6 and 7).
 int64_t prefix_item_cost(const KernelUnit& u);
 
 // Which CTA of the persistent grid runs which item (kernel unit x kv head): longest processing
