@@ -158,6 +158,18 @@ __global__ void __launch_bounds__(PrefixTiledConfig<kHeadDim>::kThreads, 1)
   auto* query_ring = reinterpret_cast<const attention::UnitQuery*>(smem + C::kQueryRingOffset);
   auto swizzled = [](int row, int chunk) { return uint32_t(row * C::kRowBytes + ((chunk ^ (row & 7)) << 4)); };
 
+  // The look-ahead's first units are fetched into L1 while the barriers are set up. Their round
+  // trip is the first link of the chain of dependent steps that ends at the CTA's first tile (a
+  // launch of one block: 7.8-8.2 -> 7.5-7.9 us on an H100). Loads here instead would keep their 22
+  // registers live across the set-up and spill.
+  if (warp == C::kConsumerWarps) {
+    const int slot = int(blockIdx.x) + lane * int(gridDim.x);
+    if (slot < p.num_slots) {
+      ptx::prefetch_l1(&p.slot_units[slot].block_begin);
+      ptx::prefetch_l1(&p.slot_units[slot].tail_tiles);
+      ptx::prefetch_l1(&p.slot_heads[slot]);
+    }
+  }
   if (threadIdx.x == 0) {
     for (int s = 0; s < C::kStages; ++s) {
       ptx::mbarrier_init(full_barrier(s), 2 * C::kProducerThreads);  // a cp.async and a plain arrival each

@@ -40,6 +40,10 @@ __device__ __forceinline__ void cp_async_wait() {
   asm volatile("cp.async.wait_group %0;" ::"n"(kPending) : "memory");
 }
 
+// Fetches the line holding src into this SM's L1 for a load that comes later: unlike a load, it
+// holds no register while it is in flight.
+__device__ __forceinline__ void prefetch_l1(const void* src) { asm volatile("prefetch.global.L1 [%0];" ::"l"(src)); }
+
 // Prefetches the line holding src into L2 marked evict_last: data that other CTAs of the same
 // launch read too should outlive the streamed rest. (A policy operand on cp.async would do the
 // same, but ptxas 13.0 miscompiles selecting between two policies: illegal instruction, H100.)
