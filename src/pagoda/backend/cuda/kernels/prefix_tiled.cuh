@@ -157,13 +157,15 @@ __global__ void __launch_bounds__(PrefixTiledConfig<kHeadDim>::kThreads, 1)
   auto* stage_desc = reinterpret_cast<volatile PrefixTileDesc*>(smem + C::kStageDescOffset);
   auto* query_ring = reinterpret_cast<const attention::UnitQuery*>(smem + C::kQueryRingOffset);
   auto swizzled = [](int row, int chunk) { return uint32_t(row * C::kRowBytes + ((chunk ^ (row & 7)) << 4)); };
+  // The schedule's slot of the CTA's n-th item (prefix_schedule).
+  auto slot_of = [](int n) { return int(blockIdx.x) + n * int(gridDim.x); };
 
   // The look-ahead's first units are fetched into L1 while the barriers are set up. Their round
   // trip is the first link of the chain of dependent steps that ends at the CTA's first tile (a
   // launch of one block: 7.8-8.2 -> 7.5-7.9 us on an H100). Loads here instead would keep their 22
   // registers live across the set-up and spill.
   if (warp == C::kConsumerWarps) {
-    const int slot = int(blockIdx.x) + lane * int(gridDim.x);
+    const int slot = slot_of(lane);
     if (slot < p.num_slots) {
       ptx::prefetch_l1(&p.slot_units[slot].block_begin);
       ptx::prefetch_l1(&p.slot_units[slot].tail_tiles);
@@ -190,7 +192,7 @@ __global__ void __launch_bounds__(PrefixTiledConfig<kHeadDim>::kThreads, 1)
       int32_t second_block_begin, pair_split, first_rows, tail_begin, tail_tiles;
     };
     auto read_unit = [&](int n) {  // the CTA's n-th item: its unit and kv head, loaded side by side
-      const int slot = int(blockIdx.x) + n * int(gridDim.x);
+      const int slot = slot_of(n);
       if (slot >= p.num_slots) return Unit{0, 0, 0, 0, 0, -1, 0, 0, 0, 0, 0};
       const KernelUnit& u = p.slot_units[slot];
       const int second_tokens = __ldg(&u.second_tokens), num_tokens = __ldg(&u.num_tokens);
