@@ -277,7 +277,10 @@ KernelUnits kernel_units(const attention::PrefixPlan& plan, std::span<const int3
 int64_t prefix_item_cost(const KernelUnit& u) {
   const int64_t span = u.second_tokens > 0 ? kPrefixTileTokens : u.num_tokens;
   const int64_t tile_cost = u.rows > 64 ? 6 : u.rows > 32 ? 5 : 4;
-  return (span + kPrefixTileTokens - 1) / kPrefixTileTokens * tile_cost + int64_t(u.tail_tiles) * 4;
+  // The warps that split the tokens of an item of more than one tile and at most 32 rows ⊕ their
+  // states at its end (prefix_tiled.cuh's finish_item).
+  const bool reduces = u.rows <= 32 && (span > kPrefixTileTokens || u.tail_tiles > 0);
+  return (span + kPrefixTileTokens - 1) / kPrefixTileTokens * tile_cost + int64_t(u.tail_tiles) * 4 + (reduces ? 4 : 0);
 }
 
 PrefixSchedule prefix_schedule(const std::vector<KernelUnit>& units, int32_t num_kv_heads, int32_t workers) {

@@ -83,7 +83,9 @@ KernelUnits kernel_units(const attention::PrefixPlan& plan, std::span<const int3
 // on eight warps longer still (6). The weights are relative tile times fitted on an H100: of the
 // weightings tried on the prefix-tree batches, this one gave the highest geometric mean of the
 // bound (bench/results' README; refitted after the thirteenth session's cheaper softmax step,
-// from 6 and 7).
+// from 6 and 7). An item of more than one tile and at most 32 rows costs a tile more: its warps
+// ⊕ their states at its end. On an H100 a CTA of eight such items of two tiles ended 4 µs after
+// the CTAs of one 16-tile item (2,4,8,16_128,128,128,1024 at 8 kv heads: 40 -> 36.6 µs with it).
 int64_t prefix_item_cost(const KernelUnit& u);
 
 // Which CTA of the persistent grid runs which item (kernel unit x kv head): longest processing
