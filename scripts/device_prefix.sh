@@ -6,7 +6,9 @@
 #   here:   bash scripts/fetch_device_deps.sh   (and .flashinfer-wheels, see bench/flashinfer_decode.py)
 #   there:  bash scripts/device_prefix.sh        (carry .device-deps and .flashinfer-wheels)
 # Environment:
-#   TREES        ';'-separated batches for both benchmarks [the eight of shared/workloads/README.md]
+#   TREES        ';'-separated batches for both benchmarks [the eight of shared/workloads/README.md];
+#                `pat`: the twenty trees of the PAT artifact's kernel benchmark (benchmark/run_kernel_bench.sh
+#                of github.com/flashserve/PAT), the eight among them
 #   HEADS        head configurations [32/32,16/8,32/8,64/8]
 #   STEPS        which steps to run [tests bench flashinfer]
 #   GTEST_FILTER the GPU tests to run [*Prefix*:*Merge*:GpuDecode*]
@@ -16,6 +18,14 @@ out=${OUT:-device-out}
 mkdir -p "$out"
 steps=" ${STEPS:-tests bench flashinfer} "
 has() { [[ "$steps" == *" $1 "* ]]; }
+if [[ ${TREES:-} == pat ]]; then
+  TREES='1,10_4096,416;1,256_256,32;1,1024_2048,32;1,2,64_1024,256,256;1,4,256_32,256,32;1,8,512_32,512,256;'
+  TREES+='1,8,512_32,2048,256;1,8,512_512,512,256;1,4,8,256_32,256,256,32;1,4,16,512_1024,256,128,32;'
+  TREES+='1,4,16,64,256,1024_256,32,256,64,32,256;1,16,32,64,128,1024_256,128,64,32,32,32;'
+  TREES+='1,16,32,64,256,1024_256,128,64,32,32,32;1,8,16,32,64,128,1024_256,128,64,32,32,32,32;'
+  TREES+='1,8,16,32,64,256,1024_256,128,64,32,32,32,32;2,8,16,256_256,256,32,32;4,16,256,512_512,32,128,32;'
+  TREES+='8,16,32,256_512,512,256,32;256_1024;256_4096'
+fi
 tree_args=()
 [[ -n ${TREES:-} ]] && tree_args=(--tree "$TREES")
 heads=${HEADS:-32/32,16/8,32/8,64/8}

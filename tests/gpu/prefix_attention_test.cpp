@@ -18,6 +18,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <initializer_list>
 #include <random>
 #include <string>
 #include <utility>
@@ -70,18 +71,18 @@ DeviceOutputs run_prefix_gpu(const PrefixPlan& plan, const attention::DecodeBatc
   return r;
 }
 
-// ---- The listed batches.
+// ---- The listed batches (shared/workloads/README.md) and the other trees of the PAT artifact.
 
-struct ListedCase {
+struct TreeCase {
   const char* tree;
   int32_t q_heads, kv_heads;
 };
 
-class GpuPrefixListed : public ::testing::TestWithParam<ListedCase> {};
+class GpuPrefixTree : public ::testing::TestWithParam<TreeCase> {};
 
-TEST_P(GpuPrefixListed, MatchesExactAttention) {
+TEST_P(GpuPrefixTree, MatchesExactAttention) {
   SKIP_WITHOUT_GPU();
-  const ListedCase c = GetParam();
+  const TreeCase c = GetParam();
   const DType dtype = DType::kF16;
   const AttentionShape shape{.num_q_heads = c.q_heads, .num_kv_heads = c.kv_heads, .head_dim = 128,
                              .block_size = 16, .softmax_scale = 1.f / std::sqrt(128.f)};
@@ -152,23 +153,40 @@ TEST_P(GpuPrefixListed, MatchesExactAttention) {
   EXPECT_LE(lse_error, kLseTolerance) << c.tree << " " << c.q_heads << "/" << c.kv_heads;
 }
 
-std::vector<ListedCase> listed_cases() {
-  std::vector<ListedCase> cases;
-  for (const char* tree : {"1,10_4096,416", "1,4,256_32,256,32", "1,8,512_32,2048,256", "1,4,16,512_1024,256,128,32",
-                           "1,16,32,64,128,1024_256,128,64,32,32,32", "2,8,16,256_256,256,32,32",
-                           "8,16,32,256_512,512,256,32", "256_4096"}) {
+std::vector<TreeCase> head_cases(std::initializer_list<const char*> trees) {
+  std::vector<TreeCase> cases;
+  for (const char* tree : trees) {
     for (auto [hq, hkv] : {std::pair{32, 32}, {16, 8}, {32, 8}, {64, 8}}) cases.push_back({tree, hq, hkv});
   }
   return cases;
 }
 
-INSTANTIATE_TEST_SUITE_P(Batches, GpuPrefixListed, ::testing::ValuesIn(listed_cases()),
-                         [](const ::testing::TestParamInfo<ListedCase>& info) {
-                           std::string name = std::string(info.param.tree) + "_h" + std::to_string(info.param.q_heads) +
-                                              "_" + std::to_string(info.param.kv_heads);
-                           std::replace(name.begin(), name.end(), ',', 'x');
-                           return name;
-                         });
+std::string case_name(const ::testing::TestParamInfo<TreeCase>& info) {
+  std::string name = std::string(info.param.tree) + "_h" + std::to_string(info.param.q_heads) + "_" +
+                     std::to_string(info.param.kv_heads);
+  std::replace(name.begin(), name.end(), ',', 'x');
+  return name;
+}
+
+INSTANTIATE_TEST_SUITE_P(Batches, GpuPrefixTree,
+                         ::testing::ValuesIn(head_cases({"1,10_4096,416", "1,4,256_32,256,32", "1,8,512_32,2048,256",
+                                                         "1,4,16,512_1024,256,128,32",
+                                                         "1,16,32,64,128,1024_256,128,64,32,32,32",
+                                                         "2,8,16,256_256,256,32,32", "8,16,32,256_512,512,256,32",
+                                                         "256_4096"})),
+                         case_name);
+
+// The other trees of the PAT artifact's kernel benchmark (benchmark/run_kernel_bench.sh of
+// github.com/flashserve/PAT): deeper and wider trees than the listed ones, in the same notation.
+INSTANTIATE_TEST_SUITE_P(PatBenchmark, GpuPrefixTree,
+                         ::testing::ValuesIn(head_cases(
+                             {"1,256_256,32", "1,1024_2048,32", "1,2,64_1024,256,256", "1,8,512_32,512,256",
+                              "1,8,512_512,512,256", "1,4,8,256_32,256,256,32",
+                              "1,4,16,64,256,1024_256,32,256,64,32,256", "1,16,32,64,256,1024_256,128,64,32,32,32",
+                              "1,8,16,32,64,128,1024_256,128,64,32,32,32,32",
+                              "1,8,16,32,64,256,1024_256,128,64,32,32,32,32", "4,16,256,512_512,32,128,32",
+                              "256_1024"})),
+                         case_name);
 
 // ---- The kernel's units (host only: runs without a GPU too).
 
