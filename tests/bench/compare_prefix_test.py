@@ -97,6 +97,20 @@ class ComparePrefixTest(unittest.TestCase):
         self.assertAlmostEqual(s["above_floor"], 10 / 15)
         self.assertEqual(s["total_targets"], 0)
 
+    def test_batches_pat_does_not_list_stay_out_of_the_target(self):
+        run = json.loads(json.dumps(RUN))
+        # Sharing, no PAT figure (another tree of the PAT artifact): of the bound 5 / 20.
+        run["configs"].append(config("1,8_64,32", 16, 8, us=20.0, bound_us=5.0, frac=0.25, floor_us=5.0))
+        rows, s = compare_prefix.summarize(run, compare_prefix.load_pat(self.pat_path), {})
+        self.assertIsNone(rows[3]["target"])
+        self.assertEqual((s["met"], s["total_targets"]), (1, 2))
+        self.assertAlmostEqual(s["geomean"], GEOMEAN)
+        self.assertAlmostEqual(s["geomean_all"], (0.5 * 0.8 * 0.25) ** (1 / 3))
+        self.assertEqual((s["shared"], s["listed"]), (3, 2))
+        text = compare_prefix.render(run, rows, s)
+        self.assertIn(f"- the same over all 3 configurations with sharing in this run, 1 of them without PAT "
+                      f"figures: {(0.5 * 0.8 * 0.25) ** (1 / 3):.3f}\n", text)
+
     def test_command_writes_the_figures(self):
         md = os.path.join(self.dir.name, "out.md")
         subprocess.run([sys.executable, os.path.join(BENCH, "compare_prefix.py"), self.run_path,
@@ -105,7 +119,8 @@ class ComparePrefixTest(unittest.TestCase):
         with open(md) as f:
             text = f.read()
         self.assertIn("- PAT targets met: 1 of 2\n", text)
-        self.assertIn(f"over the batches with sharing: {GEOMEAN:.3f} (target 0.6)", text)
+        self.assertIn(f"over the listed batches with sharing (those PAT lists): {GEOMEAN:.3f} (target 0.6)", text)
+        self.assertNotIn("configurations with sharing in this run", text)  # every one is listed
         self.assertIn("- at least FlashInfer's cascade speed: 1 of 2\n", text)
         self.assertIn(f"bound / (time - floor): {ABOVE_FLOOR:.3f}; a kernel taking the bound plus the floor "
                       f"would reach {BOUND_PLUS_FLOOR:.3f}", text)
