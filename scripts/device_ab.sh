@@ -1,0 +1,86 @@
+#!/usr/bin/env bash
+# A/B of kernel changes on a lent GPU machine, in one call: builds the tree as it is (A) and one
+# variant per patch (the tree with the patch applied, each in its own copy), runs each variant's
+# prefix GPU tests, then `pagoda bench prefix-attention` for A and every variant, interleaved,
+# ROUNDS times, and prints each configuration's time as variant / A. Only figures from one call
+# compare: they come from one machine.
+#   here:   git diff > .device-data/mine.patch && git stash   (the tree sent must be A)
+#   there:  bash scripts/device_ab.sh .device-data/mine.patch   (carry .device-deps, .device-data)
+# Results land in $OUT (default ./device-out) as they are made, so a call cut off by its time
+# limit still returns what it finished: build logs, test logs, each bench JSON, ab.txt. A fresh
+# machine has no compiler cache: three builds side by side took 2-3 minutes on 16 cores.
+# Environment:
+#   TREES   ';'-separated batches [the eight of shared/workloads/README.md and 1,1024_2048,32]
+#   HEADS   head configurations [32/32,16/8,32/8,64/8]
+#   RUNS    timed runs per kernel and configuration [20]
+#   ROUNDS  benches of each build [2]
+set -uo pipefail
+(($#)) || { echo "usage: bash scripts/device_ab.sh PATCH..." >&2; exit 2; }
+patches=()
+for patch in "$@"; do
+  [[ -f $patch ]] || { echo "device_ab: no patch '$patch'" >&2; exit 2; }
+  patches+=("$(realpath "$patch")")
+done
+out=${OUT:-device-out}
+mkdir -p "$out" && out=$(realpath "$out")
+cd "$(dirname "$0")/.." || exit 1
+rounds=${ROUNDS:-2}
+trees=${TREES:-'1,10_4096,416;1,4,256_32,256,32;1,8,512_32,2048,256;1,4,16,512_1024,256,128,32;1,16,32,64,128,1024_256,128,64,32,32,32;2,8,16,256_256,256,32,32;8,16,32,256_512,512,256,32;256_4096;1,1024_2048,32'}
+heads=${HEADS:-32/32,16/8,32/8,64/8}
+jobs=$(($(nproc) / ($# + 1)))
+((jobs > 0)) || jobs=1
+nvidia-smi --query-gpu=name --format=csv,noheader | tee "$out/gpu.txt"
+
+repo=$PWD
+names=()
+JOBS=$jobs bash scripts/device_build.sh pagoda > "$out/build_A.log" 2>&1 &
+for patch in "${patches[@]}"; do
+  name=$(basename "$patch" .patch)
+  [[ $name == A || " ${names[*]} " == *" $name "* ]] && { echo "device_ab: two variants named '$name'" >&2; exit 2; }
+  names+=("$name")
+  dir=/tmp/device_ab/$name
+  rm -rf "$dir" && mkdir -p "$dir"
+  tar --exclude=./build --exclude=./.git --exclude=./.device-deps --exclude=./.flashinfer-wheels \
+    --exclude=./device-out -cf - . | (cd "$dir" && tar xf -)
+  (cd "$dir" && git apply "$patch") || { echo "device_ab: $patch does not apply to this tree" >&2; exit 1; }
+  (cd "$dir" && JOBS=$jobs PAGODA_DEVICE_DEPS="$repo/.device-deps" PAGODA_DEPS_PREFIX=/tmp/device_ab/deps-$name \
+    bash scripts/device_build.sh pagoda gpu_tests > "$out/build_$name.log" 2>&1) &
+done
+wait
+binary() { [[ $1 == A ]] && echo ./build/pagoda || echo "/tmp/device_ab/$1/build/pagoda"; }
+for name in A "${names[@]}"; do
+  [[ -x $(binary "$name") ]] || { echo "device_ab: the build of $name failed:" >&2; tail -n 20 "$out/build_$name.log" >&2; exit 1; }
+done
+for name in "${names[@]}"; do
+  "/tmp/device_ab/$name/build/gpu_tests" --gtest_brief=1 --gtest_filter='*Prefix*' > "$out/tests_$name.log" 2>&1
+  echo "tests $name: $(tail -n 1 "$out/tests_$name.log")"
+done
+
+for ((round = 1; round <= rounds; ++round)); do
+  for name in A "${names[@]}"; do
+    "$(binary "$name")" bench prefix-attention --tree "$trees" --heads "$heads" --runs "${RUNS:-20}" \
+      --out "$out/${name}_$round.json" > "$out/bench_${name}_$round.log" 2>&1 ||
+      { echo "device_ab: the bench of $name failed:" >&2; tail -n 5 "$out/bench_${name}_$round.log" >&2; exit 1; }
+  done
+  echo "device_ab: round $round done"
+done
+
+python3 - "$out" "$rounds" "${names[@]}" <<'PY' | tee "$out/ab.txt"
+import json, math, sys
+out, rounds, names = sys.argv[1], int(sys.argv[2]), sys.argv[3:]
+def times(name, r):  # the launch-floor batch (1_16) is the bench's own reference, not a configuration
+    configs = json.load(open(f"{out}/{name}_{r}.json"))["configs"]
+    return {(c["tree"], c["q_heads"], c["kv_heads"]): c["prefix"]["median_us"] for c in configs if c["tree"] != "1_16"}
+total = {n: {} for n in ["A"] + names}
+for n in total:
+    for r in range(1, rounds + 1):
+        for k, us in times(n, r).items():
+            total[n][k] = total[n].get(k, 0.0) + us
+a = total["A"]
+print(f"{'tree':40s} {'heads':6s} {'A us':>8s} " + " ".join(f"{n[:12]:>12s}" for n in names))
+for k in a:
+    print(f"{k[0][:40]:40s} {k[1]}/{k[2]:<3d} {a[k] / rounds:8.1f} " + " ".join(f"{total[n][k] / a[k]:12.3f}" for n in names))
+for n in names:
+    ratios = [total[n][k] / a[k] for k in a]
+    print(f"{n}: time / A geomean {math.exp(sum(map(math.log, ratios)) / len(ratios)):.4f}, range {min(ratios):.3f}-{max(ratios):.3f}")
+PY
