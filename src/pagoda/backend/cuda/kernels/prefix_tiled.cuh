@@ -35,10 +35,11 @@
 //
 // Warp roles. Four more warps, the producers, only move data (and give the consumers their
 // registers: setmaxnreg): they run up to kStages tiles ahead of the computing warps (the
-// consumers), so that a stall on their own loads never stalls the math, and kStages tiles of K
-// and V (128 KB at head_dim 128) are in flight per SM. Stage s has a
-// "full" mbarrier (the producer's copies landed: cp.async arrivals, plus its plain arrivals after
-// writing the stage's tile description) and an "empty" one (every consumer warp is done with it).
+// consumers), so that a stall on their own loads never stalls the math, and kLookahead tiles of
+// K and V (96 KB at head_dim 128) are in flight per SM (kLookahead says why not kStages). Stage s
+// has a "full" mbarrier (the producer's copies landed: cp.async arrivals, plus its plain arrivals
+// after writing the stage's tile description) and an "empty" one (every consumer warp is done
+// with it).
 // The producer itself reads metadata kLookahead tiles before it copies the tile: the tile's block
 // ids and, at an item's first tile, the item's (sequence, piece) list, by cp.async into small
 // rings, and the plan's units 32 items ahead, one per lane. So the only loads any warp waits on
@@ -109,7 +110,10 @@ struct PrefixTiledConfig {
   static constexpr int kStageBytes = 2 * kKvTileBytes + kQBytes;
   static constexpr int kStages = 4;
   // Tiles between the producer's metadata reads and its copies: 3 measured 1% faster than 4 over
-  // the prefix-tree batches on an H100 (6: 1% slower; 2: as fast, but slower at 256 x 4K 32/32).
+  // the prefix-tree batches on an H100 (6: 1% slower; 2: as fast, but slower at 256 x 4K 32/32),
+  // and 1% faster than 4 or 5 on an H200. It also bounds the KV in flight: a commit group holds a
+  // tile's copies and the metadata reads issued after them, so waiting for a tile's metadata
+  // waits for the copies kLookahead tiles back too.
   static constexpr int kLookahead = 3;
   // Items whose (sequence, piece) lists are live at once: those between the look-ahead and the
   // consumers, at most kLookahead + kStages + 1 of them (one-tile items).
