@@ -10,8 +10,8 @@
 # limit still returns what it finished: build logs, test logs, each bench JSON, ab.txt. A fresh
 # machine has no compiler cache: three builds side by side took 2-3 minutes on 16 cores.
 # Environment:
-#   TREES   ';'-separated batches [the eight of shared/workloads/README.md and 1,1024_2048,32]
-#   HEADS   head configurations [32/32,16/8,32/8,64/8]
+#   TREES   ';'-separated batches [the bench's: the eight of shared/workloads/README.md]
+#   HEADS   head configurations [the bench's: 32/32,16/8,32/8,64/8]
 #   RUNS    timed runs per kernel and configuration [20]
 #   ROUNDS  benches of each build [2]
 set -uo pipefail
@@ -25,8 +25,9 @@ out=${OUT:-device-out}
 mkdir -p "$out" && out=$(realpath "$out")
 cd "$(dirname "$0")/.." || exit 1
 rounds=${ROUNDS:-2}
-trees=${TREES:-'1,10_4096,416;1,4,256_32,256,32;1,8,512_32,2048,256;1,4,16,512_1024,256,128,32;1,16,32,64,128,1024_256,128,64,32,32,32;2,8,16,256_256,256,32,32;8,16,32,256_512,512,256,32;256_4096;1,1024_2048,32'}
-heads=${HEADS:-32/32,16/8,32/8,64/8}
+bench_args=()
+[[ -n ${TREES:-} ]] && bench_args+=(--tree "$TREES")
+[[ -n ${HEADS:-} ]] && bench_args+=(--heads "$HEADS")
 jobs=$(($(nproc) / ($# + 1)))
 ((jobs > 0)) || jobs=1
 nvidia-smi --query-gpu=name --format=csv,noheader | tee "$out/gpu.txt"
@@ -58,7 +59,7 @@ done
 
 for ((round = 1; round <= rounds; ++round)); do
   for name in A "${names[@]}"; do
-    "$(binary "$name")" bench prefix-attention --tree "$trees" --heads "$heads" --runs "${RUNS:-20}" \
+    "$(binary "$name")" bench prefix-attention "${bench_args[@]}" --runs "${RUNS:-20}" \
       --out "$out/${name}_$round.json" > "$out/bench_${name}_$round.log" 2>&1 ||
       { echo "device_ab: the bench of $name failed:" >&2; tail -n 5 "$out/bench_${name}_$round.log" >&2; exit 1; }
   done
