@@ -10,7 +10,10 @@
 #                `pat`: the twenty trees of the PAT artifact's kernel benchmark (benchmark/run_kernel_bench.sh
 #                of github.com/flashserve/PAT), the eight among them
 #   HEADS        head configurations [32/32,16/8,32/8,64/8]
-#   STEPS        which steps to run [tests bench flashinfer]
+#   STEPS        which steps to run [tests bench flashinfer]; `ncu` adds Nsight Compute's full set
+#                for the prefix kernel and the issue-3 kernel on each of NCU_CONFIGS, each kernel
+#                alone (reports ncu_*.ncu-rep, details ncu_*.txt)
+#   NCU_CONFIGS  ';'-separated "TREE HEADS" pairs for the ncu step [256_4096 32/8]
 #   GTEST_FILTER the GPU tests to run [*Prefix*:*Merge*:GpuDecode*]
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -66,5 +69,20 @@ if has flashinfer; then
   $python bench/flashinfer_prefix.py ${TREES:+--trees "$TREES"} --heads "$heads" --jit-cache /tmp/flashinfer-jit \
     --out "$out/flashinfer_prefix.json" >"$out/flashinfer_prefix.log" 2>&1 || true
   tail -n 40 "$out/flashinfer_prefix.log"
+fi
+if has ncu; then
+  # Where the time goes on a device: DRAM and L2 throughput, the L2's breakdown by unit and
+  # source, the warps' stalls. One timed run of each kernel after no warm-up; --clock-control
+  # none leaves the clocks as the bench runs them.
+  IFS=';' read -r -a ncu_configs <<<"${NCU_CONFIGS:-256_4096 32/8}"
+  for config in "${ncu_configs[@]}"; do
+    read -r tree config_heads <<<"$config"
+    name=ncu_${tree//,/-}_${config_heads//\//-}
+    ncu --clock-control none --set full -k regex:'prefix_tiled|decode_tiled' -f -o "$out/$name" \
+      ./build/pagoda bench prefix-attention --tree "$tree" --heads "$config_heads" --runs 1 --warmup 0 \
+      --out "/tmp/$name.json" >"$out/$name.log" 2>&1 || { echo "ncu failed on $config:"; tail -n 5 "$out/$name.log"; }
+    ncu -i "$out/$name.ncu-rep" --page details >"$out/$name.txt" 2>&1 || true
+    grep -E "kernel<|Duration|DRAM Throughput|L2 Cache Throughput|Memory Throughput" "$out/$name.txt" | head -n 24 || true
+  done
 fi
 # The comparison with PAT and the plot: bench/compare_prefix.py, run where ../shared is.
