@@ -32,9 +32,9 @@ jobs=$(($(nproc) / ($# + 1)))
 ((jobs > 0)) || jobs=1
 nvidia-smi --query-gpu=name --format=csv,noheader | tee "$out/gpu.txt"
 
+# Every variant's copy first, so that a patch that does not apply stops the call before any build.
 repo=$PWD
 names=()
-JOBS=$jobs bash scripts/device_build.sh pagoda > "$out/build_A.log" 2>&1 &
 for patch in "${patches[@]}"; do
   name=$(basename "$patch" .patch)
   [[ $name == A || " ${names[*]} " == *" $name "* ]] && { echo "device_ab: two variants named '$name'" >&2; exit 2; }
@@ -44,8 +44,12 @@ for patch in "${patches[@]}"; do
   tar --exclude=./build --exclude=./.git --exclude=./.device-deps --exclude=./.flashinfer-wheels \
     --exclude=./device-out -cf - . | (cd "$dir" && tar xf -)
   (cd "$dir" && git apply "$patch") || { echo "device_ab: $patch does not apply to this tree" >&2; exit 1; }
-  (cd "$dir" && JOBS=$jobs PAGODA_DEVICE_DEPS="$repo/.device-deps" PAGODA_DEPS_PREFIX=/tmp/device_ab/deps-$name \
-    bash scripts/device_build.sh pagoda gpu_tests > "$out/build_$name.log" 2>&1) &
+done
+JOBS=$jobs bash scripts/device_build.sh pagoda > "$out/build_A.log" 2>&1 &
+for name in "${names[@]}"; do
+  (cd "/tmp/device_ab/$name" && JOBS=$jobs PAGODA_DEVICE_DEPS="$repo/.device-deps" \
+    PAGODA_DEPS_PREFIX="/tmp/device_ab/deps-$name" bash scripts/device_build.sh pagoda gpu_tests \
+    > "$out/build_$name.log" 2>&1) &
 done
 wait
 binary() { [[ $1 == A ]] && echo ./build/pagoda || echo "/tmp/device_ab/$1/build/pagoda"; }

@@ -72,8 +72,9 @@ if has flashinfer; then
 fi
 if has ncu; then
   # Where the time goes on a device: DRAM and L2 throughput, the L2's breakdown by unit and
-  # source, the warps' stalls. One timed run of each kernel after no warm-up; --clock-control
-  # none leaves the clocks as the bench runs them.
+  # source, the warps' stalls. One timed run of each kernel after no warm-up (the bench's
+  # launch-floor batch, 1_16, is profiled too); --clock-control none leaves the clocks as the
+  # bench runs them.
   IFS=';' read -r -a ncu_configs <<<"${NCU_CONFIGS:-256_4096 32/8}"
   for config in "${ncu_configs[@]}"; do
     read -r tree config_heads <<<"$config"
