@@ -14,6 +14,8 @@
 #   HEADS   head configurations [the bench's: 32/32,16/8,32/8,64/8]
 #   RUNS    timed runs per kernel and configuration [20]
 #   ROUNDS  benches of each build [2]
+#   KERNEL  whose times to compare: prefix, or decode (the issue-3 kernel the bench runs beside it)
+#           [prefix]
 set -uo pipefail
 (($#)) || { echo "usage: bash scripts/device_ab.sh PATCH..." >&2; exit 2; }
 patches=()
@@ -25,6 +27,8 @@ out=${OUT:-device-out}
 mkdir -p "$out" && out=$(realpath "$out")
 cd "$(dirname "$0")/.." || exit 1
 rounds=${ROUNDS:-2}
+kernel=${KERNEL:-prefix}
+[[ $kernel == prefix || $kernel == decode ]] || { echo "device_ab: KERNEL is prefix or decode, not '$kernel'" >&2; exit 2; }
 bench_args=()
 [[ -n ${TREES:-} ]] && bench_args+=(--tree "$TREES")
 [[ -n ${HEADS:-} ]] && bench_args+=(--heads "$HEADS")
@@ -70,12 +74,13 @@ for ((round = 1; round <= rounds; ++round)); do
   echo "device_ab: round $round done"
 done
 
-python3 - "$out" "$rounds" "${names[@]}" <<'PY' | tee "$out/ab.txt"
+python3 - "$out" "$rounds" "$kernel" "${names[@]}" <<'PY' | tee "$out/ab.txt"
 import json, math, sys
-out, rounds, names = sys.argv[1], int(sys.argv[2]), sys.argv[3:]
+out, rounds, kernel, names = sys.argv[1], int(sys.argv[2]), sys.argv[3], sys.argv[4:]
 def times(name, r):  # the launch-floor batch (1_16) is the bench's own reference, not a configuration
     configs = json.load(open(f"{out}/{name}_{r}.json"))["configs"]
-    return {(c["tree"], c["q_heads"], c["kv_heads"]): c["prefix"]["median_us"] for c in configs if c["tree"] != "1_16"}
+    return {(c["tree"], c["q_heads"], c["kv_heads"]): c[kernel]["median_us"] for c in configs if c["tree"] != "1_16"}
+print(f"{kernel} kernel, time / A")
 total = {n: {} for n in ["A"] + names}
 for n in total:
     for r in range(1, rounds + 1):
