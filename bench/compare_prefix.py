@@ -55,10 +55,10 @@ def summarize(run: dict, pat: dict[tuple[str, str], float], fi: dict) -> tuple[l
     """One row per configuration of the run, and the targets over them.
 
     fi: (tree, 'q/kv') -> bench/flashinfer_prefix.py configuration. The summary holds met /
-    total_targets (PAT-based targets), geomean (of the bound, over the batches with sharing that
-    PAT lists: the issue's target), geomean_all and shared (over all the run's batches with sharing,
-    and how many), beat_cascade /
-    cascade_rows, floors ('q/kv' -> (pagoda, issue-3 kernel) µs) and, where the run timed floors,
+    total_targets (PAT-based targets), geomean and listed (of the bound, over the batches with
+    sharing that PAT lists: the issue's target, and how many), geomean_all and shared (the same
+    over all the run's batches with sharing), beat_cascade / cascade_rows, floors
+    ('q/kv' -> (pagoda, issue-3 kernel) µs) and, where the run timed floors,
     above_floor (geomean of bound / (time - floor)), at_floor (batches timed at or under it) and
     bound_plus_floor (what a kernel taking the bound plus the floor would score).
     """

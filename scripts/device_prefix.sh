@@ -78,6 +78,7 @@ if has ncu; then
   IFS=';' read -r -a ncu_configs <<<"${NCU_CONFIGS:-256_4096 32/8}"
   for config in "${ncu_configs[@]}"; do
     read -r tree config_heads <<<"$config"
+    [[ -n $config_heads ]] || { echo "NCU_CONFIGS: '$config' is not \"TREE HEADS\" (e.g. \"256_4096 32/8\")"; continue; }
     name=ncu_${tree//,/-}_${config_heads//\//-}
     ncu --clock-control none --set full -k regex:'prefix_tiled|decode_tiled' -f -o "$out/$name" \
       ./build/pagoda bench prefix-attention --tree "$tree" --heads "$config_heads" --runs 1 --warmup 0 \
