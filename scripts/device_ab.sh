@@ -16,6 +16,8 @@
 #   ROUNDS  benches of each build [2]
 #   KERNEL  whose times to compare: prefix, or decode (the issue-3 kernel the bench runs beside it)
 #           [prefix]
+#   TESTS   the variants' GPU tests to run, a gtest filter; empty: none (a measurement-only hack
+#           that breaks other shapes) [*Prefix*]
 set -uo pipefail
 (($#)) || { echo "usage: bash scripts/device_ab.sh PATCH..." >&2; exit 2; }
 patches=()
@@ -49,10 +51,13 @@ for patch in "${patches[@]}"; do
     --exclude=./device-out -cf - . | (cd "$dir" && tar xf -)
   (cd "$dir" && git apply "$patch") || { echo "device_ab: $patch does not apply to this tree" >&2; exit 1; }
 done
+tests=${TESTS-*Prefix*}
+targets=(pagoda)
+[[ -n $tests ]] && targets+=(gpu_tests)
 JOBS=$jobs bash scripts/device_build.sh pagoda > "$out/build_A.log" 2>&1 &
 for name in "${names[@]}"; do
   (cd "/tmp/device_ab/$name" && JOBS=$jobs PAGODA_DEVICE_DEPS="$repo/.device-deps" \
-    PAGODA_DEPS_PREFIX="/tmp/device_ab/deps-$name" bash scripts/device_build.sh pagoda gpu_tests \
+    PAGODA_DEPS_PREFIX="/tmp/device_ab/deps-$name" bash scripts/device_build.sh "${targets[@]}" \
     > "$out/build_$name.log" 2>&1) &
 done
 wait
@@ -61,7 +66,8 @@ for name in A "${names[@]}"; do
   [[ -x $(binary "$name") ]] || { echo "device_ab: the build of $name failed:" >&2; tail -n 20 "$out/build_$name.log" >&2; exit 1; }
 done
 for name in "${names[@]}"; do
-  "/tmp/device_ab/$name/build/gpu_tests" --gtest_brief=1 --gtest_filter='*Prefix*' > "$out/tests_$name.log" 2>&1
+  [[ -n $tests ]] || break
+  "/tmp/device_ab/$name/build/gpu_tests" --gtest_brief=1 --gtest_filter="$tests" > "$out/tests_$name.log" 2>&1
   echo "tests $name: $(tail -n 1 "$out/tests_$name.log")"
 done
 
