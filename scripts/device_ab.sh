@@ -6,9 +6,10 @@
 # compare: they come from one machine.
 #   here:   git diff > .device-data/mine.patch && git stash   (the tree sent must be A)
 #   there:  bash scripts/device_ab.sh .device-data/mine.patch   (carry .device-deps, .device-data)
-# Results land in $OUT (default ./device-out) as they are made, so a call cut off by its time
-# limit still returns what it finished: build logs, test logs, each bench JSON, ab.txt. A fresh
-# machine has no compiler cache: three builds side by side took 2-3 minutes on 16 cores.
+# Results land in $OUT (default ./device-out): ab.txt and gpu.txt, and everything (build and test
+# logs, each bench's JSON and log) in device_ab.tgz, packed after each step so that a call cut off
+# by its time limit still returns what it finished (scripts/device_out.sh). A fresh machine has no
+# compiler cache: three builds side by side took 2-3 minutes on 16 cores.
 # Environment:
 #   TREES   ';'-separated batches [the bench's: the eight of shared/workloads/README.md]
 #   HEADS   head configurations [the bench's: 32/32,16/8,32/8,64/8]
@@ -25,12 +26,14 @@ for patch in "$@"; do
   [[ -f $patch ]] || { echo "device_ab: no patch '$patch'" >&2; exit 2; }
   patches+=("$(realpath "$patch")")
 done
-out=${OUT:-device-out}
-mkdir -p "$out" && out=$(realpath "$out")
-cd "$(dirname "$0")/.." || exit 1
 rounds=${ROUNDS:-2}
 kernel=${KERNEL:-prefix}
 [[ $kernel == prefix || $kernel == decode ]] || { echo "device_ab: KERNEL is prefix or decode, not '$kernel'" >&2; exit 2; }
+# shellcheck source=scripts/device_out.sh
+source "$(dirname "$0")/device_out.sh"
+device_out_init device_ab
+trap 'deliver ab.txt gpu.txt' EXIT
+cd "$(dirname "$0")/.." || exit 1
 bench_args=()
 [[ -n ${TREES:-} ]] && bench_args+=(--tree "$TREES")
 [[ -n ${HEADS:-} ]] && bench_args+=(--heads "$HEADS")
@@ -61,6 +64,7 @@ for name in "${names[@]}"; do
     > "$out/build_$name.log" 2>&1) &
 done
 wait
+deliver gpu.txt
 binary() { [[ $1 == A ]] && echo ./build/pagoda || echo "/tmp/device_ab/$1/build/pagoda"; }
 for name in A "${names[@]}"; do
   [[ -x $(binary "$name") ]] || { echo "device_ab: the build of $name failed:" >&2; tail -n 20 "$out/build_$name.log" >&2; exit 1; }
@@ -70,6 +74,7 @@ for name in "${names[@]}"; do
   "/tmp/device_ab/$name/build/gpu_tests" --gtest_brief=1 --gtest_filter="$tests" > "$out/tests_$name.log" 2>&1
   echo "tests $name: $(tail -n 1 "$out/tests_$name.log")"
 done
+deliver
 
 for ((round = 1; round <= rounds; ++round)); do
   for name in A "${names[@]}"; do
@@ -78,6 +83,7 @@ for ((round = 1; round <= rounds; ++round)); do
       { echo "device_ab: the bench of $name failed:" >&2; tail -n 5 "$out/bench_${name}_$round.log" >&2; exit 1; }
   done
   echo "device_ab: round $round done"
+  deliver
 done
 
 python3 - "$out" "$rounds" "$kernel" "${names[@]}" <<'PY' | tee "$out/ab.txt"

@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Issue 3's whole GPU session in one call on a lent machine: build, GPU tests, `pagoda bench
 # attention`, FlashInfer on the same sweep, the comparison, the plot, and ncu's L2 hit rate of the
-# paper-structure kernel. Results land in $OUT (default ./device-out).
+# paper-structure kernel. Results land in $OUT (default ./device-out): the JSON, the comparison,
+# the plot and ncu's figures, and every file (logs too) in device_attention.tgz, packed after each
+# step (scripts/device_out.sh).
 #   here:   bash scripts/fetch_device_deps.sh   (and .flashinfer-wheels, see bench/flashinfer_decode.py)
 #   there:  bash scripts/device_attention.sh     (carry .device-deps and .flashinfer-wheels)
 # Environment:
@@ -9,9 +11,11 @@
 #   PAGODA_ARGS  flags for `pagoda bench attention` only, e.g. "--variants tiled,tiled_prefetch"
 #   STEPS        which steps to run [tests bench flashinfer ncu]
 set -euo pipefail
+# shellcheck source=scripts/device_out.sh
+source "$(dirname "$0")/device_out.sh"
+device_out_init device_attention
 cd "$(dirname "$0")/.."
-out=${OUT:-device-out}
-mkdir -p "$out"
+results=(gpu.txt attention.json attention.png flashinfer_attention.json compare_flashinfer.md ncu_paper_baseline.txt)
 read -r -a bench_args <<<"${BENCH_ARGS:-}"
 read -r -a pagoda_args <<<"${PAGODA_ARGS:-}"
 steps=" ${STEPS:-tests bench flashinfer ncu} "
@@ -33,13 +37,14 @@ if has flashinfer; then
 fi
 
 # A failed build ends the script (pipefail); the JIT job must not outlive it.
-trap '[[ -n ${flashinfer_jit:-} ]] && kill "$flashinfer_jit" 2>/dev/null; true' EXIT
+trap '[[ -n ${flashinfer_jit:-} ]] && kill "$flashinfer_jit" 2>/dev/null; deliver "${results[@]}"' EXIT
 bash scripts/device_build.sh pagoda gpu_tests 2>&1 | tee "$out/build.log" | tail -n 5
 
 if has tests; then
   ./build/gpu_tests --gtest_brief=1 >"$out/gpu_tests.log" 2>&1 || true
   tail -n 3 "$out/gpu_tests.log"
   grep -E "^\[  FAILED|Failure|error" "$out/gpu_tests.log" | head -n 20 || true
+  deliver "${results[@]}"
 fi
 
 # The benchmarks time the GPU alone: let the JIT's compilers finish first, so no busy CPU delays
@@ -51,6 +56,7 @@ fi
 if has bench; then
   ./build/pagoda bench attention "${bench_args[@]}" "${pagoda_args[@]}" --out "$out/attention.json" >"$out/bench_attention.log" 2>&1 || true
   tail -n 60 "$out/bench_attention.log"
+  deliver "${results[@]}"
 fi
 
 if has flashinfer; then
@@ -59,6 +65,7 @@ if has flashinfer; then
   tail -n 5 "$out/flashinfer.log"
   $python bench/compare_attention.py "$out/attention.json" "$out/flashinfer_attention.json" \
     --md "$out/compare_flashinfer.md" 2>&1 | tail -n 12 || true
+  deliver "${results[@]}"
 fi
 
 if has ncu; then

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Issue 4's GPU session on a lent machine: build, the GPU tests, and the engine benchmarks on
 # random checkpoints of real shapes, with Hugging Face transformers as the peer in the same run.
-# Results land in $OUT (default ./device-out).
+# Results land in $OUT (default ./device-out): the JSON and the comparison, and every file (logs
+# too) in device_engine.tgz, packed after each step (scripts/device_out.sh).
 #   here:   bash scripts/fetch_device_deps.sh; mkdir -p .device-data && cp ../shared/workloads/mooncake_synthetic_trace.jsonl .device-data/
 #   there:  STEPS="build tests" bash scripts/device_engine.sh     (carry .device-deps and .device-data)
 # The GPU tests of the whole model need the default model (SmolLM2, 98 MB), which no single call
@@ -11,12 +12,17 @@
 # Environment: MODELS (where checkpoints go) [/tmp/pagoda-models], OUTPUT (offline output tokens)
 # [2048], HF_OUTPUT (output tokens of the transformers run) [256]
 set -euo pipefail
+# shellcheck source=scripts/device_out.sh
+source "$(dirname "$0")/device_out.sh"
+device_out_init device_engine
 cd "$(dirname "$0")/.."
-out=${OUT:-device-out}
 models=${MODELS:-/tmp/pagoda-models}
 output=${OUTPUT:-2048}
 hf_output=${HF_OUTPUT:-256}
-mkdir -p "$out" "$models"
+mkdir -p "$models"
+results=(gpu.txt "throughput_llama3-8b_o$output.json" trace_llama3-8b.json "throughput_llama2-7b_o$output.json"
+  "throughput_llama2-7b_o$hf_output.json" "hf_llama2-7b_o$hf_output.json" compare_hf.md)
+trap 'deliver "${results[@]}"' EXIT
 steps=" ${STEPS:-build tests llama3 trace llama2 hf} "
 has() { [[ "$steps" == *" $1 "* ]]; }
 python=/opt/torch/.venv/bin/python3
@@ -27,11 +33,13 @@ device=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -n1)
 if has build; then
   bash scripts/device_build.sh pagoda gpu_tests >"$out/build.log" 2>&1 || { grep -m5 -A5 error "$out/build.log"; tail -n 20 "$out/build.log"; exit 1; }
   tail -n 1 "$out/build.log"
+  deliver "${results[@]}"
 fi
 
 if has tests; then
   ./build/gpu_tests --gtest_brief=1 ${GTEST_FILTER:+--gtest_filter=$GTEST_FILTER} >"$out/gpu_tests.log" 2>&1 || true
   grep -E "^  |\[  FAILED|Failure|PASSED|tests ran" "$out/gpu_tests.log" | head -n 60 || true
+  deliver "${results[@]}"
 fi
 
 # A random checkpoint of an exact shape, written once per machine.
@@ -48,6 +56,7 @@ offline() {  # arch output kv_mb
 if has llama3; then
   make_model llama3-8b
   offline llama3-8b "$output" 24000
+  deliver "${results[@]}"
 fi
 
 if has trace; then
@@ -55,12 +64,14 @@ if has trace; then
   ./build/pagoda bench throughput -m "$models/llama3-8b" --backend cuda --trace .device-data/mooncake_synthetic_trace.jsonl \
     ${TRACE_ARGS:---length-scale 0.0625 --time-scale 0.05 --max-input 8000} --max-batch 64 --step-tokens 8192 \
     --kv-memory-mb 60000 --json "$out/trace_llama3-8b.json" 2>&1 | tail -n 25
+  deliver "${results[@]}"
 fi
 
 if has llama2; then
   make_model llama2-7b
   offline llama2-7b "$output" 90000
   [[ $hf_output == "$output" ]] || offline llama2-7b "$hf_output" 90000
+  deliver "${results[@]}"
 fi
 
 if has hf; then

@@ -2,7 +2,8 @@
 # Issue 6's GPU session in one call on a lent machine: build, the prefix-attention GPU tests (and
 # the decode and merge tests the change touches), `pagoda bench prefix-attention` on the listed
 # batches, FlashInfer's decode and cascade wrappers on the same batches, and the comparison.
-# Results land in $OUT (default ./device-out).
+# Results land in $OUT (default ./device-out): prefix_attention.json, flashinfer_prefix.json, and
+# every file (logs, ncu reports) in device_prefix.tgz, packed after each step (scripts/device_out.sh).
 #   here:   bash scripts/fetch_device_deps.sh   (and .flashinfer-wheels, see bench/flashinfer_decode.py)
 #   there:  bash scripts/device_prefix.sh        (carry .device-deps and .flashinfer-wheels)
 # Environment:
@@ -12,13 +13,16 @@
 #   HEADS        head configurations [32/32,16/8,32/8,64/8]
 #   STEPS        which steps to run [tests bench flashinfer]; `ncu` adds Nsight Compute's full set
 #                for the prefix kernel and the issue-3 kernel on each of NCU_CONFIGS, each kernel
-#                alone (reports ncu_*.ncu-rep, details ncu_*.txt)
+#                alone: in the archive, ncu_*.txt (details), ncu_*.raw.csv.gz (every metric) and
+#                ncu_*.sass.csv.gz (per-instruction stall samples); the reports themselves stay in
+#                /tmp there (a few of them pass the tool's 16 MiB a file)
 #   NCU_CONFIGS  ';'-separated "TREE HEADS" pairs for the ncu step [256_4096 32/8]
 #   GTEST_FILTER the GPU tests to run [*Prefix*:*Merge*:GpuDecode*]
 set -euo pipefail
+# shellcheck source=scripts/device_out.sh
+source "$(dirname "$0")/device_out.sh"
+device_out_init device_prefix
 cd "$(dirname "$0")/.."
-out=${OUT:-device-out}
-mkdir -p "$out"
 steps=" ${STEPS:-tests bench flashinfer} "
 has() { [[ "$steps" == *" $1 "* ]]; }
 if [[ ${TREES:-} == pat ]]; then
@@ -34,7 +38,7 @@ tree_args=()
 heads=${HEADS:-32/32,16/8,32/8,64/8}
 python=/opt/torch/.venv/bin/python3
 [[ -x $python ]] || python=python3
-nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.max.sm,clocks.max.mem --format=csv
+nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.max.sm,clocks.max.mem --format=csv | tee "$out/gpu.txt"
 
 # FlashInfer's kernels compile just-in-time (minutes): install and compile them while pagoda builds.
 if has flashinfer; then
@@ -46,7 +50,8 @@ if has flashinfer; then
   ) >"$out/flashinfer_jit.log" 2>&1 &
   flashinfer_jit=$!
 fi
-trap 'if [[ -n ${flashinfer_jit:-} ]]; then kill "$flashinfer_jit" 2>/dev/null || true; fi' EXIT
+results=(prefix_attention.json flashinfer_prefix.json)
+trap 'if [[ -n ${flashinfer_jit:-} ]]; then kill "$flashinfer_jit" 2>/dev/null || true; fi; deliver "${results[@]}"' EXIT
 bash scripts/device_build.sh pagoda gpu_tests 2>&1 | tee "$out/build.log" | tail -n 3
 
 if has tests; then
@@ -54,6 +59,7 @@ if has tests; then
     >"$out/gpu_tests.log" 2>&1 || true
   tail -n 3 "$out/gpu_tests.log"
   grep -E "^\[  FAILED|Failure|error|Expected|Which is|worst" "$out/gpu_tests.log" | head -n 30 || true
+  deliver
 fi
 
 # The benchmarks time the GPU alone: let the JIT's compilers finish first.
@@ -64,11 +70,13 @@ if has bench; then
   ./build/pagoda bench prefix-attention "${tree_args[@]}" --heads "$heads" --out "$out/prefix_attention.json" \
     >"$out/bench_prefix.log" 2>&1 || true
   tail -n 40 "$out/bench_prefix.log"
+  deliver "${results[@]}"
 fi
 if has flashinfer; then
   $python bench/flashinfer_prefix.py ${TREES:+--trees "$TREES"} --heads "$heads" --jit-cache /tmp/flashinfer-jit \
     --out "$out/flashinfer_prefix.json" >"$out/flashinfer_prefix.log" 2>&1 || true
   tail -n 40 "$out/flashinfer_prefix.log"
+  deliver "${results[@]}"
 fi
 if has ncu; then
   # Where the time goes on a device: DRAM and L2 throughput, the L2's breakdown by unit and
@@ -80,11 +88,14 @@ if has ncu; then
     read -r tree config_heads <<<"$config"
     [[ -n $config_heads ]] || { echo "NCU_CONFIGS: '$config' is not \"TREE HEADS\" (e.g. \"256_4096 32/8\")"; continue; }
     name=ncu_${tree//,/-}_${config_heads//\//-}
-    ncu --clock-control none --set full -k regex:'prefix_tiled|decode_tiled' -f -o "$out/$name" \
+    ncu --clock-control none --set full -k regex:'prefix_tiled|decode_tiled' -f -o "/tmp/$name" \
       ./build/pagoda bench prefix-attention --tree "$tree" --heads "$config_heads" --runs 1 --warmup 0 \
       --out "/tmp/$name.json" >"$out/$name.log" 2>&1 || { echo "ncu failed on $config:"; tail -n 5 "$out/$name.log"; }
-    ncu -i "$out/$name.ncu-rep" --page details >"$out/$name.txt" 2>&1 || true
+    ncu -i "/tmp/$name.ncu-rep" --page details >"$out/$name.txt" 2>&1 || true
+    ncu -i "/tmp/$name.ncu-rep" --page raw --csv 2>&1 | gzip >"$out/$name.raw.csv.gz" || true
+    ncu -i "/tmp/$name.ncu-rep" --page source --csv --print-source sass 2>&1 | gzip >"$out/$name.sass.csv.gz" || true
     grep -E "kernel<|Duration|DRAM Throughput|L2 Cache Throughput|Memory Throughput" "$out/$name.txt" | head -n 24 || true
+    deliver "${results[@]}"
   done
 fi
 # The comparison with PAT and the plot: bench/compare_prefix.py, run where ../shared is.
