@@ -1,6 +1,6 @@
 # shellcheck shell=bash
 # Sourced by the device_*.sh scripts: where their files go. The device tool brings back at most 8
-# files from $OUT (/work/.library/device/README.md), and a session's logs, JSON and reports are
+# files from $OUT (its limits), and a session's logs, JSON and reports are
 # more than that: the files beyond the eighth came back missing, silently. So a script writes
 # into a staging folder, $out, and calls `deliver` after each step. The summaries it names are
 # copied into $OUT as they are, and every file it wrote is packed into $OUT/NAME.tgz. A call cut
