@@ -27,6 +27,9 @@ for patch in "$@"; do
   patches+=("$(realpath "$patch")")
 done
 rounds=${ROUNDS:-2}
+runs=${RUNS:-20}
+[[ $rounds =~ ^[1-9][0-9]*$ ]] || { echo "device_ab: ROUNDS is a positive whole number, not '$rounds'" >&2; exit 2; }
+[[ $runs =~ ^[1-9][0-9]*$ ]] || { echo "device_ab: RUNS is a positive whole number, not '$runs'" >&2; exit 2; }
 kernel=${KERNEL:-prefix}
 [[ $kernel == prefix || $kernel == decode ]] || { echo "device_ab: KERNEL is prefix or decode, not '$kernel'" >&2; exit 2; }
 # shellcheck source=scripts/device_out.sh
@@ -78,7 +81,7 @@ deliver
 
 for ((round = 1; round <= rounds; ++round)); do
   for name in A "${names[@]}"; do
-    "$(binary "$name")" bench prefix-attention "${bench_args[@]}" --runs "${RUNS:-20}" \
+    "$(binary "$name")" bench prefix-attention "${bench_args[@]}" --runs "$runs" \
       --out "$out/${name}_$round.json" > "$out/bench_${name}_$round.log" 2>&1 ||
       { echo "device_ab: the bench of $name failed:" >&2; tail -n 5 "$out/bench_${name}_$round.log" >&2; exit 1; }
   done

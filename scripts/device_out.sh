@@ -18,6 +18,7 @@ device_out_init() {
 
 deliver() {
   local file
+  (($# <= 7)) || { echo "deliver: $# results and the archive are more than the 8 files that come back" >&2; return 1; }
   for file in "$@"; do
     if [[ -f $out/$file ]]; then cp "$out/$file" "$delivery/"; fi
   done

@@ -114,6 +114,8 @@ class DeviceScripts(unittest.TestCase):
             ([], {}, "usage: bash scripts/device_ab.sh PATCH"),
             ([os.path.join(self.dir, "missing.patch")], {}, "no patch"),
             ([self.patch], {"KERNEL": "both"}, "KERNEL is prefix or decode"),
+            ([self.patch], {"ROUNDS": "0"}, "ROUNDS is a positive whole number, not '0'"),
+            ([self.patch], {"RUNS": "ten"}, "RUNS is a positive whole number, not 'ten'"),
         ]
         for args, env, message in cases:
             run = self.run_script(["bash", "scripts/device_ab.sh"] + args, **env)
@@ -121,6 +123,24 @@ class DeviceScripts(unittest.TestCase):
             self.assertIn(message, run.stderr)
             self.assertFalse(os.path.exists(self.out), args)
             self.assertFalse(os.path.exists(os.path.join(self.tree, "build")), args)
+
+    def test_ab_two_variants_of_one_name(self):
+        other = os.path.join(self.dir, "again")
+        os.makedirs(other)
+        shutil.copy(self.patch, other)
+        run = self.run_script(["bash", "scripts/device_ab.sh", self.patch, os.path.join(other, "slower.patch")],
+                              TESTS="")
+        self.assertEqual(run.returncode, 2)
+        self.assertIn("two variants named 'slower'", run.stderr)
+        self.assertFalse(os.path.exists(os.path.join(self.tree, "build")))
+
+    def test_deliver_refuses_more_results_than_come_back(self):
+        script = ('source scripts/device_out.sh && device_out_init t && touch "$out"/r{1..8} && '
+                  'deliver r1 r2 r3 r4 r5 r6 r7 r8')
+        run = self.run_script(["bash", "-c", script])
+        self.assertEqual(run.returncode, 1)
+        self.assertIn("more than the 8 files that come back", run.stderr)
+        self.assertEqual(os.listdir(self.out), [])
 
     def test_ab_patch_that_does_not_apply(self):
         self.write(os.path.join(self.tree, "stub_us.txt"), "999\n")
