@@ -97,8 +97,8 @@ class DeviceScripts(unittest.TestCase):
 
     def test_ab_cut_off_keeps_the_finished_round(self):
         # Round 2's bench sleeps past the limit: round 1 must be in the archive all the same.
-        run = self.run_script(["bash", "scripts/device_ab.sh", self.patch], timeout=4, ROUNDS="2", TESTS="",
-                              STUB_SLEEP_ROUND_2="30")
+        run = self.run_script(["bash", "scripts/device_ab.sh", self.patch], timeout=10, ROUNDS="2", TESTS="",
+                              STUB_SLEEP_ROUND_2="60")
         self.assertEqual(run.returncode, 124)
         self.assertLessEqual(len(os.listdir(self.out)), 8)
         files = self.archive("device_ab.tgz")
