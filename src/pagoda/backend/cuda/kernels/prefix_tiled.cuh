@@ -347,16 +347,30 @@ __global__ void __launch_bounds__(PrefixTiledConfig<kHeadDim>::kThreads, 1)
         const int copy_rows = (tile_tokens + 31) & ~31;
         // A pair's gap, rows [pair_split, 32), is zero-filled like the rows past the end.
         const int first_half_end = pair_split == 0 && !tail ? tile_tokens : pair_split;
+        // The tile's blocks, all addressed before the first copy. A read of d.ids after a copy
+        // cannot move ahead of it (the copy's "memory" clobber), so each block's id load, multiply
+        // and address waited in line behind the previous block's copies: four such chains a tile
+        // at block size 16, which held the loading warps, and so an H200, below its bandwidth (5%
+        // over the listed batches: bench/results/nvidia-h200/README.md). Past the last token an
+        // id is stale: the address is formed but a 0-byte copy reads nothing.
+        static_assert(C::kTileTokens / 16 == 4, "four blocks of 16 tokens a tile at most");
+        const T* block0 = k_head + int64_t(d.ids[0]) * p.pool.page_stride;
+        const T* block1 = k_head + int64_t(d.ids[1]) * p.pool.page_stride;
+        const T* block2 = k_head + int64_t(d.ids[2]) * p.pool.page_stride;
+        const T* block3 = k_head + int64_t(d.ids[3]) * p.pool.page_stride;
         const T* k_src = k_head;
 #pragma unroll
         for (int pass = 0; pass < kPasses; ++pass) {
           const int row = row0 + pass * kRowsPerPass;
           if (row >= copy_rows) break;
           const bool valid = row < (pass < kPasses / 2 ? first_half_end : tile_tokens);
-          // A block that starts at this pass holds row `row` at row0 (block_size >= 16 >= kRowsPerPass).
-          // Past the last token the id is stale: the address is formed but a 0-byte copy reads nothing.
+          // A block that starts at this pass holds row `row` at row0 (block_size >= 16 >= kRowsPerPass):
+          // the next of the tile's blocks, in order.
           if (((pass * kRowsPerPass) & block_mask) == 0) {
-            k_src = k_head + int64_t(d.ids[row >> p.pool.block_size_log2]) * p.pool.page_stride;
+            k_src = block0;
+            block0 = block1;
+            block1 = block2;
+            block2 = block3;
           } else {
             k_src += pass_stride;
           }
