@@ -12,10 +12,11 @@
 #                of github.com/flashserve/PAT), the eight among them
 #   HEADS        head configurations [32/32,16/8,32/8,64/8]
 #   STEPS        which steps to run [tests bench flashinfer]; `ncu` adds Nsight Compute's full set
-#                for the prefix kernel and the issue-3 kernel on each of NCU_CONFIGS, each kernel
-#                alone: in the archive, ncu_*.txt (details), ncu_*.raw.csv.gz (every metric) and
-#                ncu_*.sass.csv.gz (per-instruction stall samples); the reports themselves stay in
-#                /tmp there (a few of them pass the tool's 16 MiB a file)
+#                and the L2's busiest-unit breakdown for the prefix kernel and the issue-3 kernel on
+#                each of NCU_CONFIGS, each kernel alone: in the archive, ncu_*.txt (details),
+#                ncu_*.raw.csv.gz (every metric), ncu_*.sass.csv.gz (per-instruction stall samples)
+#                and ncu_*.stalls.txt (those samples by warp role: bench/ncu_stalls.py); the reports
+#                themselves stay in /tmp there (a few of them pass the tool's 16 MiB a file)
 #   NCU_CONFIGS  ';'-separated "TREE HEADS" pairs for the ncu step [256_4096 32/8]
 #   GTEST_FILTER the GPU tests to run [*Prefix*:*Merge*:GpuDecode*]
 set -euo pipefail
@@ -88,12 +89,14 @@ if has ncu; then
     read -r tree config_heads <<<"$config"
     [[ -n $config_heads ]] || { echo "NCU_CONFIGS: '$config' is not \"TREE HEADS\" (e.g. \"256_4096 32/8\")"; continue; }
     name=ncu_${tree//,/-}_${config_heads//\//-}
-    ncu --clock-control none --set full -k regex:'prefix_tiled|decode_tiled' -f -o "/tmp/$name" \
+    ncu --clock-control none --set full --metrics breakdown:lts__throughput.avg.pct_of_peak_sustained_elapsed \
+      -k regex:'prefix_tiled|decode_tiled' -f -o "/tmp/$name" \
       ./build/pagoda bench prefix-attention --tree "$tree" --heads "$config_heads" --runs 1 --warmup 0 \
       --out "/tmp/$name.json" >"$out/$name.log" 2>&1 || { echo "ncu failed on $config:"; tail -n 5 "$out/$name.log"; }
     ncu -i "/tmp/$name.ncu-rep" --page details >"$out/$name.txt" 2>&1 || true
     ncu -i "/tmp/$name.ncu-rep" --page raw --csv 2>&1 | gzip >"$out/$name.raw.csv.gz" || true
     ncu -i "/tmp/$name.ncu-rep" --page source --csv --print-source sass 2>&1 | gzip >"$out/$name.sass.csv.gz" || true
+    python3 bench/ncu_stalls.py "$out/$name.sass.csv.gz" >"$out/$name.stalls.txt" 2>&1 || true
     grep -E "kernel<|Duration|DRAM Throughput|L2 Cache Throughput|Memory Throughput" "$out/$name.txt" | head -n 24 || true
     deliver "${results[@]}"
   done

@@ -40,6 +40,13 @@ chmod +x build/pagoda build/gpu_tests
 
 STUB_NCU = r"""#!/usr/bin/env bash
 for ((i = 1; i <= $#; ++i)); do [[ ${!i} == -o ]] && { j=$((i + 1)); touch "${!j}.ncu-rep"; }; done
+if [[ " $* " == *" source "* ]]; then  # the source page: one launch, two instructions
+  echo '"Kernel Name","prefix_tiled_kernel",'
+  echo '"Address","Source","Warp Stall Sampling (All Samples)","Instructions Executed","stall_wait"'
+  echo '"0x0","USETMAXREG.DEALLOC.CTAPOOL 0x68","2","4","2"'
+  echo '"0x1","EXIT","1","4","1"'
+  exit
+fi
 echo "  void prefix_tiled_kernel<__half, 128>(PrefixParams)"
 """
 
@@ -51,6 +58,8 @@ class DeviceScripts(unittest.TestCase):
         # A tree to run in: the scripts under test, the stub build, and a file the patch changes.
         self.tree = os.path.join(self.dir, "tree")
         os.makedirs(os.path.join(self.tree, "scripts"))
+        os.makedirs(os.path.join(self.tree, "bench"))
+        shutil.copy(os.path.join(ROOT, "bench", "ncu_stalls.py"), os.path.join(self.tree, "bench"))
         os.makedirs(os.path.join(self.tree, ".device-deps"))
         for name in ("device_ab.sh", "device_prefix.sh", "device_out.sh"):
             shutil.copy(os.path.join(ROOT, "scripts", name), os.path.join(self.tree, "scripts", name))
@@ -81,6 +90,10 @@ class DeviceScripts(unittest.TestCase):
     def archive(self, name):
         with tarfile.open(os.path.join(self.out, name)) as tar:
             return sorted(os.path.normpath(m.name) for m in tar.getmembers() if m.isfile())
+
+    def archived_text(self, name, member):
+        with tarfile.open(os.path.join(self.out, name)) as tar:
+            return tar.extractfile("./" + member).read().decode()
 
     def test_ab_delivers_the_ratios_and_one_archive(self):
         run = self.run_script(["bash", "scripts/device_ab.sh", self.patch], ROUNDS="2", TESTS="")
@@ -157,8 +170,11 @@ class DeviceScripts(unittest.TestCase):
         self.assertEqual(sorted(os.listdir(self.out)), ["device_prefix.tgz", "prefix_attention.json"])
         files = self.archive("device_prefix.tgz")
         for name in ("build.log", "gpu_tests.log", "bench_prefix.log", "prefix_attention.json",
-                     "ncu_256_4096_32-8.txt", "ncu_256_4096_32-8.raw.csv.gz", "ncu_256_4096_32-8.sass.csv.gz"):
+                     "ncu_256_4096_32-8.txt", "ncu_256_4096_32-8.raw.csv.gz", "ncu_256_4096_32-8.sass.csv.gz",
+                     "ncu_256_4096_32-8.stalls.txt"):
             self.assertIn(name, files)
+        self.assertIn("producers: 3 samples (100.0%), 8 instructions executed",
+                      self.archived_text("device_prefix.tgz", "ncu_256_4096_32-8.stalls.txt"))
         self.assertFalse(any(name.endswith(".ncu-rep") for name in files))
 
 
