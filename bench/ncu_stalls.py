@@ -27,12 +27,19 @@ class Launch:
     def __init__(self, kernel: str, header: list[str]):
         self.kernel = kernel
         self.column = {name: i for i, name in enumerate(header)}
+        for name in ("Source", SAMPLES, EXECUTED):
+            if name not in self.column:
+                raise ValueError(f"the table of {kernel or 'a kernel'} has no '{name}' column")
         self.reasons = [name for name in header if name.startswith("stall_") and "Not Issued" not in name]
         self.rows: list[list[str]] = []
 
     def number(self, row: list[str], name: str) -> int:
         text = row[self.column[name]].replace(",", "")
-        return int(text) if text else 0
+        if not text:
+            return 0
+        if not text.isdigit():
+            raise ValueError(f"'{name}' of {row[self.column['Source']].strip()!r} is {text!r}, not a count")
+        return int(text)
 
     def samples(self, rows=None) -> int:
         return sum(self.number(r, SAMPLES) for r in (self.rows if rows is None else rows))
@@ -64,7 +71,8 @@ def split_roles(launch: Launch) -> dict[str, list[list[str]]]:
 
 
 def describe(launch: Launch, top: int) -> str:
-    out = [f"{launch.kernel}: {launch.samples()} samples, {len(launch.rows)} instructions"]
+    total = launch.samples()
+    out = [f"{launch.kernel}: {total} samples, {len(launch.rows)} instructions"]
     for role, rows in split_roles(launch).items():
         samples = launch.samples(rows)
         reasons = collections.Counter()
@@ -74,7 +82,7 @@ def describe(launch: Launch, top: int) -> str:
         executed = sum(launch.number(r, EXECUTED) for r in rows)
         shares = ", ".join(f"{reason[len('stall_'):]} {100 * n / max(samples, 1):.1f}%"
                            for reason, n in reasons.most_common(8) if n)
-        out.append(f"\n{role}: {samples} samples ({100 * samples / max(launch.samples(), 1):.1f}%), "
+        out.append(f"\n{role}: {samples} samples ({100 * samples / max(total, 1):.1f}%), "
                    f"{executed} instructions executed")
         out.append(f"  stalls: {shares}")
         by_count = collections.defaultdict(lambda: [0, 0])  # times run -> [instructions, samples]
@@ -95,7 +103,7 @@ def describe(launch: Launch, top: int) -> str:
             break
         why = ", ".join(f"{reason[len('stall_'):]} {100 * launch.number(r, reason) / n:.0f}%"
                         for reason in launch.reasons if launch.number(r, reason) * 5 > n)
-        out.append(f"  {i:5d} {100 * n / launch.samples():5.1f}%  {r[source].strip()[:60]:60s} {why}")
+        out.append(f"  {i:5d} {100 * n / total:5.1f}%  {r[source].strip()[:60]:60s} {why}")
     return "\n".join(out)
 
 
@@ -104,15 +112,20 @@ def main() -> int:
     p.add_argument("file", help="ncu --page source --csv --print-source sass output, gzipped or not")
     p.add_argument("--top", type=int, default=20, help="rows of each list")
     a = p.parse_args()
+    if a.top < 1:
+        p.error(f"--top {a.top}: at least 1")
     opener = gzip.open if a.file.endswith(".gz") else open
-    with opener(a.file, "rt", newline="") as f:
-        launches = [launch for launch in read_launches(f) if launch.rows]
-    if not launches:
-        print(f"ncu_stalls: no instruction table in {a.file}", file=sys.stderr)
+    try:
+        with opener(a.file, "rt", newline="") as f:
+            launches = [launch for launch in read_launches(f) if launch.rows]
+        if not launches:
+            raise ValueError("no instruction table")
+        kernels = {launch.kernel for launch in launches}
+        hottest = [max((l for l in launches if l.kernel == k), key=Launch.samples) for k in sorted(kernels)]
+        print("\n\n".join(describe(launch, a.top) for launch in hottest))
+    except (OSError, ValueError, csv.Error) as e:
+        print(f"ncu_stalls: {a.file}: {e}", file=sys.stderr)
         return 1
-    kernels = {launch.kernel for launch in launches}
-    hottest = [max((l for l in launches if l.kernel == k), key=Launch.samples) for k in sorted(kernels)]
-    print("\n\n".join(describe(launch, a.top) for launch in hottest))
     return 0
 
 

@@ -96,6 +96,30 @@ class NcuStallsTest(unittest.TestCase):
             self.assertEqual(run.returncode, 1)
             self.assertIn("no instruction table", run.stderr)
 
+    def test_bad_input_is_a_clear_error(self):
+        with tempfile.TemporaryDirectory() as d:
+            cases = {  # file contents -> the error
+                None: "No such file",
+                table("k", [("EXIT", 1, 4, 0, 0, 1)]).replace('"Instructions Executed",', ""):
+                    "the table of k has no 'Instructions Executed' column",
+                table("k", [("EXIT", 1, 4, 0, 0, 1)]).replace('"EXIT","1"', '"EXIT","n/a"'):
+                    "'Warp Stall Sampling (All Samples)' of 'EXIT' is 'n/a', not a count",
+            }
+            for i, (text, error) in enumerate(cases.items()):
+                path = os.path.join(d, f"{i}.csv")
+                if text is not None:
+                    with open(path, "w") as f:
+                        f.write(text)
+                run = subprocess.run([sys.executable, os.path.join(BENCH, "ncu_stalls.py"), path],
+                                     capture_output=True, text=True)
+                self.assertEqual(run.returncode, 1, error)
+                self.assertIn(error, run.stderr)
+                self.assertNotIn("Traceback", run.stderr)
+            run = subprocess.run([sys.executable, os.path.join(BENCH, "ncu_stalls.py"), path, "--top", "0"],
+                                 capture_output=True, text=True)
+            self.assertEqual(run.returncode, 2)
+            self.assertIn("--top 0: at least 1", run.stderr)
+
 
 if __name__ == "__main__":
     unittest.main()
