@@ -12,6 +12,7 @@
 #include "pagoda/backend/cuda/check.h"
 #include "pagoda/backend/cuda/decode_attention.h"
 #include "pagoda/backend/cuda/kernels/prefix_launch.h"
+#include "pagoda/backend/cuda/kv_tensor_map.h"
 #include "pagoda/backend/cuda/merge_states.h"
 #include "pagoda/core/error.h"
 
@@ -402,6 +403,8 @@ void prefix_attention(PrefixWorkspace& workspace, const attention::AttentionShap
         .tail_tiles = workspace.tail_tiles.data(),
         .block_ids = workspace.block_ids.data(),
         .pool = kv_pool_params(kv, shape.block_size),
+        .k_map = kv_tensor_map(kv.k, kv),
+        .v_map = kv_tensor_map(kv.v, kv),
         .q = q,
         .out = out,
         .lse = lse,

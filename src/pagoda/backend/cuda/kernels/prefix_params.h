@@ -4,6 +4,8 @@
 // host and taken by value by the kernel.
 #pragma once
 
+#include <cuda.h>
+
 #include <cstdint>
 
 #include "pagoda/attention/prefix_plan.h"
@@ -70,6 +72,8 @@ struct PrefixParams {
   const PrefixTailTile* tail_tiles;
   const int32_t* block_ids;  // DecodeBatch::block_ids
   KvPoolParams pool;  // the layer's K and V
+  // The same pools for the tensor copies (kv_tensor_map.h): 16 tokens of one block and head a box.
+  CUtensorMap k_map, v_map;
   const void* q;       // [num_seqs, num_q_heads, head_dim] T
   void* out;           // [num_seqs, num_q_heads, head_dim] T
   float* lse;          // [num_seqs, num_q_heads] or null

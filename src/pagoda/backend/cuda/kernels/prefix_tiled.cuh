@@ -35,11 +35,12 @@
 //
 // Warp roles. Four more warps, the producers, only move data (and give the consumers their
 // registers: setmaxnreg): they run up to kStages tiles ahead of the computing warps (the
-// consumers), so that a stall on their own loads never stalls the math, and kLookahead tiles of
-// K and V (96 KB at head_dim 128) are in flight per SM (kLookahead says why not kStages). Stage s
-// has a "full" mbarrier (the producer's copies landed: cp.async arrivals, plus its plain arrivals
-// after writing the stage's tile description) and an "empty" one (every consumer warp is done
-// with it).
+// consumers), so that a stall on their own loads never stalls the math, and as many tiles of K
+// and V (128 KB at head_dim 128) are in flight per SM. K and V come by the tensor memory
+// accelerator, one instruction per 16 tokens of a block (kv_tensor_map.h). Stage s has a "full"
+// mbarrier (the producer's copies landed: the tensor copies' bytes, cp.async arrivals, plus its
+// plain arrivals after writing the stage's tile description) and an "empty" one (every consumer
+// warp is done with it).
 // The producer itself reads metadata kLookahead tiles before it copies the tile: the tile's block
 // ids and, at an item's first tile, the item's (sequence, piece) list, by cp.async into small
 // rings, and the plan's units 32 items ahead, one per lane. So the only loads any warp waits on
@@ -48,10 +49,9 @@
 // An item's first tile carries its Q rows in the stage's Q slot (zero past the item's rows), its
 // second tile rows 64 to 127 (kernel_units gives an item of more than 64 rows at least two
 // tiles); the consumers copy them into registers when they compute the item's first tile.
-// 16-byte chunk c of every shared row r is stored at chunk c ^ (r % 8), so the 8 row addresses
-// of each ldmatrix hit distinct bank groups. KV that other items also read (kv_shared: a node's
-// row chunks, and units that read their ancestors' KV) is first prefetched into L2 marked
-// evict_last, one instruction per 128-byte line; the rest is copied evict_first.
+// K, V and Q tiles lie in shared memory as the tensor copies land them (`swizzled`). KV that
+// other items also read (kv_shared: a node's row chunks, and units that read their ancestors'
+// KV) is copied marked evict_last in L2, the rest evict_first.
 #pragma once
 
 #include <cmath>
@@ -61,6 +61,7 @@
 #include "pagoda/backend/cuda/kernels/online_softmax.cuh"
 #include "pagoda/backend/cuda/kernels/prefix_params.h"
 #include "pagoda/backend/cuda/kernels/ptx.cuh"
+#include "pagoda/backend/cuda/kv_tensor_map.h"
 
 namespace pagoda::cuda {
 
@@ -92,8 +93,8 @@ struct PrefixTiledConfig {
   // the first four on the others.
   static constexpr int kConsumerWarps = 8;
   static constexpr int kItemWarps = 4;  // the warps of an item of at most kStageQRows rows
-  // Copies are spread over 4 loading warps: one warp alone cannot keep 128 KB of cp.async in
-  // flight (it ran at 0.35 of the bandwidth at 256 x 4K on an H100).
+  // One warpgroup of producers (setmaxnreg moves registers by warpgroups): warp w copies the
+  // 16-row group w of each tile, and all four the Q rows.
   static constexpr int kProducerWarps = 4;
   static constexpr int kThreads = (kConsumerWarps + kProducerWarps) * 32;
   static constexpr int kConsumerThreads = kConsumerWarps * 32;
@@ -106,14 +107,16 @@ struct PrefixTiledConfig {
   static constexpr int kChunksPerRow = kHeadDim / 8;     // 16-byte chunks
   static constexpr int kRowBytes = kHeadDim * 2;
   static constexpr int kKvTileBytes = kTileTokens * kRowBytes;  // K or V of one tile
+  static constexpr int kGroupBytes = kKvMapBoxTokens * kRowBytes;  // one tensor copy's 16 rows
   static constexpr int kQBytes = kStageQRows * kRowBytes;
   static constexpr int kStageBytes = 2 * kKvTileBytes + kQBytes;
   static constexpr int kStages = 4;
   // Tiles between the producer's metadata reads and its copies: 3 measured 1% faster than 4 over
   // the prefix-tree batches on an H100 (6: 1% slower; 2: as fast, but slower at 256 x 4K 32/32),
-  // and 1% faster than 4 or 5 on an H200. It also bounds the KV in flight: a commit group holds a
-  // tile's copies and the metadata reads issued after them, so waiting for a tile's metadata
-  // waits for the copies kLookahead tiles back too.
+  // and 1% faster than 4 or 5 on an H200, when K and V still came by cp.async. A commit group
+  // holds a tile's cp.async (Q rows, partial groups) and the metadata reads issued after them, so
+  // waiting for a tile's metadata waits for those kLookahead tiles back too; the tensor copies
+  // are outside the groups.
   static constexpr int kLookahead = 3;
   // Items whose (sequence, piece) lists are live at once: those between the look-ahead and the
   // consumers, at most kLookahead + kStages + 1 of them (one-tile items).
@@ -147,9 +150,9 @@ struct PrefixTiledConfig {
 
 template <typename T, int kHeadDim>
 __global__ void __launch_bounds__(PrefixTiledConfig<kHeadDim>::kThreads, 1)
-    prefix_tiled_kernel(const PrefixParams p) {
+    prefix_tiled_kernel(const __grid_constant__ PrefixParams p) {
   using C = PrefixTiledConfig<kHeadDim>;
-  extern __shared__ __align__(128) uint8_t smem[];
+  extern __shared__ __align__(1024) uint8_t smem[];  // 1024: the tensor copies' swizzle repeats every 1024 bytes
 
   ptx::launch_dependents();  // the merge may start its launch while this grid runs
   const int warp = threadIdx.x / 32;
@@ -160,15 +163,33 @@ __global__ void __launch_bounds__(PrefixTiledConfig<kHeadDim>::kThreads, 1)
   auto empty_barrier = [&](int stage) { return smem_base + uint32_t(C::kBarrierOffset + (C::kStages + stage) * 8); };
   auto* stage_desc = reinterpret_cast<volatile PrefixTileDesc*>(smem + C::kStageDescOffset);
   auto* query_ring = reinterpret_cast<const attention::UnitQuery*>(smem + C::kQueryRingOffset);
-  auto swizzled = [](int row, int chunk) { return uint32_t(row * C::kRowBytes + ((chunk ^ (row & 7)) << 4)); };
+  // A K, V or Q tile in shared memory, as a tensor copy of 16 rows lands (kv_tensor_map.h): 16-row
+  // groups of [head_dim / 64][16 rows][128 bytes], 16-byte chunk c of row r's 128 bytes stored at
+  // c ^ (r % 8) (the 128-byte swizzle), so the 8 row addresses of each ldmatrix hit distinct bank
+  // groups. Row 16 a + b (b < 16) lies 16 a rows of bytes past row b: callers whose rows start at
+  // a multiple of 16 add that themselves, leaving the per-lane part to this.
+  auto swizzled = [](int row, int chunk) {
+    return uint32_t((row >> 4) * C::kGroupBytes + (chunk >> 3) * (16 * 128) + (row & 15) * 128 + (((chunk ^ row) & 7) << 4));
+  };
+  // The consumers' ldmatrix addresses: a lane reads chunk 2 k + h of its row (h: 0 or 1, by the
+  // lane's matrix), whose offset is chunk h's (`lane_offset`) with bits 4-6 flipped by 2 k % 8,
+  // in half k / 4: one XOR per k.
+  auto chunk_pair = [](uint32_t lane_offset, int k) {
+    return (lane_offset ^ uint32_t((2 * k & 7) << 4)) + uint32_t(k >> 2) * (16 * 128);
+  };
   // The schedule's slot of the CTA's n-th item (prefix_schedule).
   auto slot_of = [](int n) { return int(blockIdx.x) + n * int(gridDim.x); };
 
-  // The look-ahead's first units are fetched into L1 while the barriers are set up. Their round
-  // trip is the first link of the chain of dependent steps that ends at the CTA's first tile (a
-  // launch of one block: 7.8-8.2 -> 7.5-7.9 us on an H100). Loads here instead would keep their 22
-  // registers live across the set-up and spill.
+  // The look-ahead's first units are fetched into L1, and the tensor maps into the descriptor
+  // cache, while the barriers are set up. The units' round trip is the first link of the chain of
+  // dependent steps that ends at the CTA's first tile (a launch of one block: 7.8-8.2 -> 7.5-7.9
+  // us on an H100). Loads here instead would keep their 22 registers live across the set-up and
+  // spill.
   if (warp == C::kConsumerWarps) {
+    if (lane == 0) {
+      ptx::prefetch_tensor_map(&p.k_map);
+      ptx::prefetch_tensor_map(&p.v_map);
+    }
     const int slot = slot_of(lane);
     if (slot < p.num_slots) {
       ptx::prefetch_l1(&p.slot_units[slot].block_begin);
@@ -299,31 +320,22 @@ __global__ void __launch_bounds__(PrefixTiledConfig<kHeadDim>::kThreads, 1)
     };
 
     // The copy step: tile `step` into stage step % kStages, once the consumers are done with it.
-    // Lane `producer` copies 16-byte chunk `chunk` of rows row0, row0 + kRowsPerPass, ...: one
-    // swizzle (row % 8 is the same for all of them) and one pair of rows per warp, so the row
-    // guards are warp-uniform. Rows past the item's last token are zero-filled up to the next
-    // multiple of 32 tokens, all the consumers compute at a time (32, or the whole tile past 32
-    // tokens: P = 0 there, and 0 * V must not be NaN); the Q rows up to the 16-row fragments that
-    // read them. This loop is most of the producers' instructions, which share the SM's issue
-    // slots with the consumers' math: a pass adds one 64-bit stride, and a block's id is read and
-    // multiplied once per block.
-    constexpr int kRowsPerPass = C::kProducerThreads / C::kChunksPerRow;
-    constexpr int kPasses = C::kTileTokens / kRowsPerPass;
-    static_assert(kRowsPerPass % 8 == 0 && kRowsPerPass <= 16,
-                  "one swizzle per lane; a block (>= 16 tokens) spans whole passes");
+    // Producer warp w moves the tile's 16-row group w, rows [16 w, 16 w + 16), of one block
+    // (block_size >= 16). A group of 16 tokens goes by two tensor copies, K and V, from lane 0:
+    // one instruction each, where copying it lane by lane took most of the producers' issue slots.
+    // A group that ends inside (an item's partial last block, a pair's gap) goes by the whole
+    // warp's cp.async rows instead, zero-filled past the last token, and so do groups with no token
+    // up to the next multiple of 32 tokens: the consumers compute 32 tokens at a time, or the whole
+    // tile past 32 (P = 0 there, and 0 * V must not be NaN), and the block's rest that a tensor
+    // copy would bring is stale KV or anything. The Q rows are zero-filled up to the 16-row
+    // fragments that read them.
+    const int row_group = producer / 32;
     const int chunk = producer % C::kChunksPerRow;
     const int row0 = producer / C::kChunksPerRow;
-    const uint32_t lane_offset = uint32_t(row0 * C::kRowBytes + ((chunk ^ (row0 & 7)) << 4));
     const int block_mask = (1 << p.pool.block_size_log2) - 1;
-    const T* const k_pool = static_cast<const T*>(p.pool.k) + chunk * 8 + row0 * p.pool.token_stride;
-    const int64_t pass_stride = kRowsPerPass * p.pool.token_stride;
     const int64_t v_minus_k = static_cast<const T*>(p.pool.v) - static_cast<const T*>(p.pool.k);
     // row / group for the Q rows (row < 128) without a division: (row * magic) >> 32.
     const uint64_t group_magic = (uint64_t(1) << 32) / uint32_t(p.group) + 1;
-    // KV that only its item reads is marked evict_first, as in the decode kernel, so that it does
-    // not push out the shared nodes and the partial states still to be read (branches, not a
-    // policy chosen per item: ptx::prefetch_l2_evict_last says why).
-    const uint64_t evict_first = ptx::evict_first_policy();
     auto copy_tile = [&](int step) -> bool {
       ptx::cp_async_wait<C::kLookahead - 1>();  // the look-ahead's copies for this tile landed
       ptx::named_barrier(2, C::kProducerThreads);  // and its plain writes are visible
@@ -331,70 +343,60 @@ __global__ void __launch_bounds__(PrefixTiledConfig<kHeadDim>::kThreads, 1)
       // Registers: the copies' "memory" clobbers would read every field again after each copy.
       const int kv_head = d.kv_head, tile = d.tile, rows = d.rows;
       const bool tail = d.tail_warps != 0;  // a tail tile: two tails, like a pair's halves, or one
-      const int kv_shared = d.kv_shared && !tail;
+      const bool kv_shared = d.kv_shared && !tail;
       const int tile_tokens = !tail               ? min(d.num_tokens - tile * C::kTileTokens, C::kTileTokens)
                               : d.tail_second > 0 ? C::kTileTokens / 2 + d.tail_second
                                                   : d.tail_first;
       const int pair_split = tail ? d.tail_first : d.pair_split;
       const int query_slot = d.query_slot;
+      // The group's tokens: rows below `group_end` hold data (a pair's gap, rows [pair_split, 32),
+      // holds none); its block and its first token there.
+      const int group_row = row_group * kKvMapBoxTokens;
+      const int group_end = group_row < C::kTileTokens / 2 && (pair_split > 0 || tail) ? pair_split : tile_tokens;
+      const int block_id = d.ids[group_row >> p.pool.block_size_log2];
+      const int block_token = group_row & block_mask;
       const int stage = step % C::kStages;
       if (step >= C::kStages) ptx::mbarrier_wait(empty_barrier(stage), (step / C::kStages - 1) & 1);
       const bool done = kv_head < 0;
       if (!done) {
-        const T* k_head = k_pool + kv_head * p.pool.head_stride;
-        const uint32_t k_dst = stage_base(stage) + lane_offset;
+        const uint32_t k_dst = stage_base(stage) + row_group * C::kGroupBytes;
         const uint32_t v_dst = k_dst + C::kKvTileBytes;
-        const int copy_rows = (tile_tokens + 31) & ~31;
-        // A pair's gap, rows [pair_split, 32), is zero-filled like the rows past the end.
-        const int first_half_end = pair_split == 0 && !tail ? tile_tokens : pair_split;
-        // The tile's blocks, all addressed before the first copy. A read of d.ids after a copy
-        // cannot move ahead of it (the copy's "memory" clobber), so each block's id load, multiply
-        // and address waited in line behind the previous block's copies: four such chains a tile
-        // at block size 16, which held the loading warps, and so an H200, below its bandwidth (5%
-        // over the listed batches: bench/results/nvidia-h200/README.md). Past the last token an
-        // id is stale: the address is formed but a 0-byte copy reads nothing.
-        static_assert(C::kTileTokens / 16 == 4, "four blocks of 16 tokens a tile at most");
-        const T* block0 = k_head + int64_t(d.ids[0]) * p.pool.page_stride;
-        const T* block1 = k_head + int64_t(d.ids[1]) * p.pool.page_stride;
-        const T* block2 = k_head + int64_t(d.ids[2]) * p.pool.page_stride;
-        const T* block3 = k_head + int64_t(d.ids[3]) * p.pool.page_stride;
-        const T* k_src = k_head;
-#pragma unroll
-        for (int pass = 0; pass < kPasses; ++pass) {
-          const int row = row0 + pass * kRowsPerPass;
-          if (row >= copy_rows) break;
-          const bool valid = row < (pass < kPasses / 2 ? first_half_end : tile_tokens);
-          // A block that starts at this pass holds row `row` at row0 (block_size >= 16 >= kRowsPerPass):
-          // the next of the tile's blocks, in order.
-          if (((pass * kRowsPerPass) & block_mask) == 0) {
-            k_src = block0;
-            block0 = block1;
-            block1 = block2;
-            block2 = block3;
-          } else {
-            k_src += pass_stride;
+        if (group_end - group_row >= 16) {
+          if (lane == 0) {
+            ptx::mbarrier_expect_tx(full_barrier(stage), 2 * C::kGroupBytes);
+            if (kv_shared) {  // other items read it too: kept in L2
+              ptx::tma_load_5d_evict_last(k_dst, &p.k_map, 0, block_token, 0, kv_head, block_id, full_barrier(stage));
+              ptx::tma_load_5d_evict_last(v_dst, &p.v_map, 0, block_token, 0, kv_head, block_id, full_barrier(stage));
+            } else {  // read by this item alone: the first lines L2 gives up, not the shared nodes
+              ptx::tma_load_5d_evict_first(k_dst, &p.k_map, 0, block_token, 0, kv_head, block_id, full_barrier(stage));
+              ptx::tma_load_5d_evict_first(v_dst, &p.v_map, 0, block_token, 0, kv_head, block_id, full_barrier(stage));
+            }
           }
-          if (kv_shared && valid && chunk % 8 == 0) {
-            ptx::prefetch_l2_evict_last(k_src);
-            ptx::prefetch_l2_evict_last(k_src + v_minus_k);
-          }
-          const uint32_t bytes = valid ? 16 : 0;
-          const uint32_t dst = pass * kRowsPerPass * C::kRowBytes;
-          if (kv_shared) {  // kept in L2 by the prefetch above
-            ptx::cp_async_16(k_dst + dst, k_src, bytes);
-            ptx::cp_async_16(v_dst + dst, k_src + v_minus_k, bytes);
-          } else {  // read by this item alone: the first lines L2 gives up
-            ptx::cp_async_16_hint(k_dst + dst, k_src, bytes, evict_first);
-            ptx::cp_async_16_hint(v_dst + dst, k_src + v_minus_k, bytes, evict_first);
+        } else if (group_row < ((tile_tokens + 31) & ~31)) {
+          constexpr int kRowsPerCopy = 32 / C::kChunksPerRow;
+          const int row = lane / C::kChunksPerRow, lane_chunk = lane % C::kChunksPerRow;
+          const T* src = static_cast<const T*>(p.pool.k) + int64_t(block_id) * p.pool.page_stride +
+                         kv_head * p.pool.head_stride + (block_token + row) * p.pool.token_stride + lane_chunk * 8;
+#pragma unroll 1  // rare (a partial group); unrolled, its addresses spilled the producers' registers
+          for (int r = row; r < 16; r += kRowsPerCopy) {
+            const uint32_t bytes = group_row + r < group_end ? 16 : 0;  // 0: zeros, src not read
+            ptx::cp_async_16(k_dst + swizzled(r, lane_chunk), src, bytes);
+            ptx::cp_async_16(v_dst + swizzled(r, lane_chunk), src + v_minus_k, bytes);
+            src += kRowsPerCopy * p.pool.token_stride;
           }
         }
         // Q rows [0, 64) with the item's first tile, the rest with its second.
         if (tile == 0 || (tile == 1 && rows > C::kStageQRows)) {
-          const uint32_t q_dst = v_dst + C::kKvTileBytes;
+          constexpr int kRowsPerPass = C::kProducerThreads / C::kChunksPerRow;
+          constexpr int kPasses = C::kStageQRows / kRowsPerPass;
+          const uint32_t q_dst = stage_base(stage) + 2 * C::kKvTileBytes;
+          // Row row0 + pass * kRowsPerPass: row0 < kRowsPerPass, a multiple of 8, keeps its swizzle
+          // (row % 8) and its place in the 16 rows, so its offset is row0's plus a constant.
+          static_assert(kRowsPerPass % 8 == 0 && 16 % kRowsPerPass == 0);
+          const uint32_t q_offset = swizzled(row0, chunk);
           const attention::UnitQuery* queries = query_ring + query_slot * C::kMaxRows;
           const int q_end = min(prefix_m_tile(rows), (tile + 1) * C::kStageQRows);
           const T* q = static_cast<const T*>(p.q) + chunk * 8;
-          static_assert(kPasses * kRowsPerPass == C::kStageQRows, "a stage's Q rows in the passes of a tile");
 #pragma unroll
           for (int pass = 0; pass < kPasses; ++pass) {
             const int row = tile * C::kStageQRows + row0 + pass * kRowsPerPass;
@@ -404,7 +406,7 @@ __global__ void __launch_bounds__(PrefixTiledConfig<kHeadDim>::kThreads, 1)
             const int64_t q_row = valid ? int64_t(queries[query].seq) * p.num_q_heads + int64_t(kv_head) * p.group +
                                               (row - query * p.group)
                                         : 0;
-            ptx::cp_async_16(q_dst + pass * kRowsPerPass * C::kRowBytes, q + q_row * kHeadDim, valid ? 16 : 0);
+            ptx::cp_async_16(q_dst + q_offset + swizzled(pass * kRowsPerPass, 0), q + q_row * kHeadDim, valid ? 16 : 0);
           }
         }
       }
@@ -442,6 +444,11 @@ __global__ void __launch_bounds__(PrefixTiledConfig<kHeadDim>::kThreads, 1)
   constexpr int kDimTiles = kHeadDim / 8;   // n tiles of O
   const int g = lane / 4;  // mma fragment row
   const int t = lane % 4;  // mma fragment column pair
+  // The row (of 16) and chunk (0 or 1) this lane addresses for ldmatrix's matrix lane / 8: Q's A
+  // fragments and V's transposed B fragments take rows by its bit 0 and chunks by bit 1, K's B
+  // fragments the other way round (chunk_pair adds the k step).
+  auto qv_lane = [&] { return swizzled((lane / 8 & 1) * 8 + lane % 8, lane / 16); };
+  auto k_lane = [&] { return swizzled(lane / 16 * 8 + lane % 8, lane / 8 & 1); };
 
   // The item being computed and this warp's share of it: rows 16 wm.., tokens slice wn.
   int num_tokens = 0, rows = 0, kv_head = 0, query_slot = 0;
@@ -468,11 +475,10 @@ __global__ void __launch_bounds__(PrefixTiledConfig<kHeadDim>::kThreads, 1)
     }
     const uint32_t q_src = stage_base(q_stage) + 2 * C::kKvTileBytes;
     const int q_row = wm * 16 % C::kStageQRows;
-    const int i = lane / 8;  // which of ldmatrix's four matrices this lane addresses
 #pragma unroll
     for (int ks = 0; ks < kDimSteps; ++ks) {
       // A fragments: rows q_row + [0, 8) and + [8, 16), dims 16 ks + [0, 8) then + [8, 16).
-      ptx::ldmatrix_x4(q_frag[ks], q_src + swizzled(q_row + (i & 1) * 8 + (lane & 7), 2 * ks + (i >> 1)));
+      ptx::ldmatrix_x4(q_frag[ks], q_src + q_row * C::kRowBytes + chunk_pair(qv_lane(), ks));
     }
 #pragma unroll
     for (int n = 0; n < kDimTiles; ++n) o_acc[n][0] = o_acc[n][1] = o_acc[n][2] = o_acc[n][3] = 0.f;
@@ -488,14 +494,13 @@ __global__ void __launch_bounds__(PrefixTiledConfig<kHeadDim>::kThreads, 1)
   auto compute_chunks = [&]<int kChunks>(int stage, int first, int token0) {
     const uint32_t k_src = stage_base(stage);
     const uint32_t v_src = k_src + C::kKvTileBytes;
-    const int i = lane / 8;
     float s[2 * kChunks][4] = {};  // n-tile j: (row g, tokens 8j + 2t, +1), (row g + 8, the same tokens)
 #pragma unroll
     for (int ks = 0; ks < kDimSteps; ++ks) {
 #pragma unroll
       for (int c = 0; c < kChunks; ++c) {
         uint32_t b[4];  // tokens [0, 8) then [8, 16) of chunk c, dims 16 ks + [0, 8) and + [8, 16)
-        ptx::ldmatrix_x4(b, k_src + swizzled(first + 16 * c + (i >> 1) * 8 + (lane & 7), 2 * ks + (i & 1)));
+        ptx::ldmatrix_x4(b, k_src + (first + 16 * c) * C::kRowBytes + chunk_pair(k_lane(), ks));
         ptx::mma_16x8x16<T>(s[2 * c], q_frag[ks], b[0], b[1]);
         ptx::mma_16x8x16<T>(s[2 * c + 1], q_frag[ks], b[2], b[3]);
       }
@@ -530,7 +535,7 @@ __global__ void __launch_bounds__(PrefixTiledConfig<kHeadDim>::kThreads, 1)
       for (int c = 0; c < kChunks; ++c) {
         // Transposed: tokens [0, 8) and [8, 16) of dims 16 dn + [0, 8), then of dims + [8, 16).
         uint32_t b[4];
-        ptx::ldmatrix_x4_trans(b, v_src + swizzled(first + 16 * c + (i & 1) * 8 + (lane & 7), 2 * dn + (i >> 1)));
+        ptx::ldmatrix_x4_trans(b, v_src + (first + 16 * c) * C::kRowBytes + chunk_pair(qv_lane(), dn));
         ptx::mma_16x8x16<T>(o_acc[2 * dn], a[c], b[0], b[1]);
         ptx::mma_16x8x16<T>(o_acc[2 * dn + 1], a[c], b[2], b[3]);
       }

@@ -44,12 +44,6 @@ __device__ __forceinline__ void cp_async_wait() {
 // holds no register while it is in flight.
 __device__ __forceinline__ void prefetch_l1(const void* src) { asm volatile("prefetch.global.L1 [%0];" ::"l"(src)); }
 
-// Prefetches the line holding src into L2 marked evict_last: data that other CTAs of the same
-// launch read too should outlive the streamed rest. (A policy operand on cp.async would do the
-// same, but ptxas 13.0 miscompiles selecting between two policies: illegal instruction, H100.)
-__device__ __forceinline__ void prefetch_l2_evict_last(const void* src) {
-  asm volatile("prefetch.global.L2::evict_last [%0];" ::"l"(src) : "memory");
-}
 
 // Small global -> shared copies through L1 (4 or 8 bytes: metadata such as block ids).
 template <int kBytes>
@@ -84,6 +78,43 @@ __device__ __forceinline__ void mbarrier_wait(uint32_t bar, uint32_t parity) {
       "}\n" ::"r"(bar),
       "r"(parity)
       : "memory");
+}
+
+// Adds `bytes` to the transactions the current phase of `bar` waits for (sm_90): the bytes of the
+// tensor copies that will complete on it.
+__device__ __forceinline__ void mbarrier_expect_tx(uint32_t bar, uint32_t bytes) {
+  asm volatile("mbarrier.expect_tx.relaxed.cta.shared::cta.b64 [%0], %1;" ::"r"(bar), "r"(bytes) : "memory");
+}
+
+// The tensor memory accelerator (sm_90): one instruction copies a box of a 5-d tensor, described
+// by a CUtensorMap kernel parameter (__grid_constant__), into shared memory, and completes its
+// bytes on mbarrier `bar`. The box lands swizzled as its map says. The L2 policy is part of the
+// instruction text, one function each: ptxas 13.0 miscompiled a policy register chosen between
+// two (cp.async, illegal instruction on an H100), so no call site ever selects one.
+// evict_last: other CTAs of the launch read these bytes too, so they should outlive the streamed
+// rest; evict_first: read once, the first lines L2 gives up.
+#define PAGODA_TMA_LOAD_5D(policy)                                                                           \
+  asm volatile(                                                                                             \
+      "{\n.reg .b64 policy;\n"                                                                              \
+      "createpolicy.fractional.L2::" policy ".b64 policy, 1.0;\n"                                           \
+      "cp.async.bulk.tensor.5d.shared::cluster.global.tile.mbarrier::complete_tx::bytes.L2::cache_hint"      \
+      " [%0], [%1, {%2, %3, %4, %5, %6}], [%7], policy;\n}" ::"r"(dst),                                     \
+      "l"(map), "r"(c0), "r"(c1), "r"(c2), "r"(c3), "r"(c4), "r"(bar)                                      \
+      : "memory")
+__device__ __forceinline__ void tma_load_5d_evict_last(uint32_t dst, const void* map, int c0, int c1, int c2, int c3,
+                                                       int c4, uint32_t bar) {
+  PAGODA_TMA_LOAD_5D("evict_last");
+}
+__device__ __forceinline__ void tma_load_5d_evict_first(uint32_t dst, const void* map, int c0, int c1, int c2, int c3,
+                                                        int c4, uint32_t bar) {
+  PAGODA_TMA_LOAD_5D("evict_first");
+}
+#undef PAGODA_TMA_LOAD_5D
+
+// Fetches a tensor map (a __grid_constant__ parameter) into the descriptor cache ahead of its
+// first copy.
+__device__ __forceinline__ void prefetch_tensor_map(const void* map) {
+  asm volatile("prefetch.tensormap [%0];" ::"l"(map) : "memory");
 }
 
 // Moves registers between warpgroups (sm_90a): every warp of a warpgroup executes the same one,
