@@ -474,8 +474,8 @@ TEST(PrefixPlan, ShortLeavesAreTailsOfTheirParentsUnit) {
   EXPECT_EQ(t.partial, 0);
   EXPECT_GT(t_apart.partial, 0);
 
-  // 8 items of 64 rows for 132 workers, which no deal into chunks of 64 rows or more adds to: a
-  // round mostly idle, so the leaves stay apart.
+  // 8 items of 64 rows for 132 workers, which a deal into chunks of at least 32 rows takes only to
+  // 16: a round mostly idle, so the leaves stay apart.
   const PrefixPlan idle = plan_prefix(batch, shape, DeviceInfo{.num_workers = 132}, with);
   check_plan(idle, batch, shape, with);
   EXPECT_EQ(idle.units.size(), apart.units.size());
@@ -494,6 +494,25 @@ TEST(PrefixPlan, ShortLeavesAreTailsOfTheirParentsUnit) {
     EXPECT_EQ(u.num_tails, 8);
   }
   EXPECT_TRUE(dealt.merges.empty());
+
+  // 1,4,256_32,256,32 at group 2 on 132 workers: each 256-token node's 64 queries (128 rows, which
+  // read the root too) are dealt into 4 chunks of 16 queries, the fewest rows a chunk takes (32):
+  // 128 items with the leaves as tails, one round, where chunks of 64 rows would give 64 items and
+  // no tails.
+  const DecodeBatch node = make_tree_batch(parse_prefix_tree("1,4,256_32,256,32"), 16, 5);
+  const AttentionShape group_2 = shape_of(2, 8);
+  const PrefixPlan rounds = plan_prefix(node, group_2, DeviceInfo{.num_workers = 132}, with);
+  check_plan(rounds, node, group_2, with);
+  int32_t node_units = 0;
+  for (const PrefixUnit& u : rounds.units) {
+    if (u.num_tails == 0) continue;
+    ++node_units;
+    EXPECT_EQ(u.num_queries, 16);
+    EXPECT_EQ(u.m_tile, 32);
+    EXPECT_EQ(u.num_tails, 16);
+  }
+  EXPECT_EQ(node_units, 16);
+  EXPECT_TRUE(rounds.merges.empty());
 
   // Blocks of 64 tokens would put two tails in one block's rows: none.
   const DecodeBatch big_blocks = make_tree_batch(parse_prefix_tree("1,4,32_64,128,24"), 64, 5);

@@ -277,8 +277,10 @@ int32_t select_m_tile(int32_t rows, const std::vector<int32_t>& m_tiles) {
 // units with tails give fewer items than there are workers, each one's queries are dealt into
 // more row chunks (each reading the node's KV again, from L2: they are kv_shared, and a tail
 // cut by a chunk boundary is read by both), as many as keep those items within one round and at
-// least 64 rows (1,4,256_32,256,32 at GQA group 2, dealt into chunks of 32 rows, was 7% slower
-// than without tails on an H100). Then, if the items do not fill their last round to 95%, no
+// least 32 rows. (Chunks of 32 rows lost 7% on an H100 while the kernel copied KV lane by lane;
+// with the tensor copies, 1,4,256_32,256,32, 2,8,16,... and 8,16,32,... at GQA group 2 gain
+// 11-18% on an H200 and 1-7% on an H100 over 64 rows, which left them untailed, with thousands
+// of items and their merges.) Then, if the items do not fill their last round to 95%, no
 // chunk joins another: with items this long, a mostly idle last round costs more than the
 // partial states and merges the tails save (8,16,32,256_512,512,256,32 at GQA group 2 with its
 // leaves as tails: 448 items in 3.4 rounds on 132 workers, 14% slower).
@@ -334,8 +336,8 @@ Tails take_tails(std::vector<PrefixUnit>& chunks, const std::vector<int32_t>& pa
   for (size_t c = 0; c < n; ++c) {
     if (top[c] != int32_t(c)) continue;
     const PrefixUnit& u = chunks[c];
-    if (count[c] > 0) {  // within one round of items, chunks of at least 64 rows and 2 queries
-      const int64_t most = std::min<int64_t>({per_unit, u.num_queries / 2, u.num_queries * group / 64});
+    if (count[c] > 0) {  // within one round of items, chunks of at least 32 rows and 2 queries
+      const int64_t most = std::min<int64_t>({per_unit, u.num_queries / 2, u.num_queries * group / 32});
       parts[c] = int32_t(std::max<int64_t>(most, 1));
     }
     units += parts[c];
