@@ -742,28 +742,17 @@ TEST(PrefixPlan, PiecesAreNoLongerThanTheUnitsLeftWhole) {
   }
 }
 
-// 256 sequences of 4096 tokens, no sharing, on 132 workers: no unit is longer than a fair share,
-// but 2048 whole units (8 kv heads) take 16 rounds for 15.5 rounds of work. Cut in 3 (whole
-// blocks: 1376, 1376, 1344) they take 47 rounds for 46.5; at 32 kv heads 8192 units take 63 for
-// 62.1, cut in 2, 125 for 124.1. At 1 kv head no cut of up to 8 fills its rounds to 99%. The
-// 2048 whole units fill 16 whole rounds of 128 workers, 4 idle: they stay whole where the cut's
-// partial states move more than a tenth of those workers' share of the KV (per unit 4 idle x
-// 4096 tokens x 512 bytes against 10 x 3 pieces x the partial state of a query x 132 workers).
-// With f16 partial states that is past GQA group 4 (group 4: 3 x 2080 bytes, cut; group 8: 3 x
-// 4160, whole); the CPU executor's fp32 ones cross it sooner (group 4: 3 x 4128, whole).
+// 256 sequences of 4096 tokens, no sharing, on 132 workers: no unit is longer than a fair share.
+// At 32 kv heads 8192 whole units take 63 rounds for 62.1 rounds of work: cut in 2 (whole
+// blocks of 2048) they take 125 for 124.1. At 8 kv heads the 2048 whole units fill 16 whole rounds
+// of 128 workers, 4 idle, at any GQA group, and at 1 kv head 256 fill 2: they stay whole.
 TEST(PrefixPlan, UnitsOfOneLengthAreCutToFillTheirRounds) {
   const DecodeBatch batch = make_tree_batch(parse_prefix_tree("256_4096"), 16, 3);
   const PrefixPlanOptions f16_partials{.partial_o_bytes_per_element = 2};
-  for (const auto& [group, kv_heads, options, split_tokens, pieces] :
-       std::vector<std::tuple<int32_t, int32_t, PrefixPlanOptions, int32_t, size_t>>{
-           {4, 8, f16_partials, 1376, 3},
-           {8, 8, f16_partials, 0, 1},
-           {4, 8, {}, 0, 1},
-           {4, 32, {}, 2048, 2},
-           {4, 1, {}, 0, 1}}) {
-    SCOPED_TRACE(::testing::Message() << "group " << group << ", " << kv_heads << " kv heads, partial o of "
-                                    << options.partial_o_bytes_per_element << " bytes");
-    const PrefixPlan plan = checked_split_plan(batch, shape_of(group, kv_heads), 132, options);
+  for (const auto& [group, kv_heads, split_tokens, pieces] : std::vector<std::tuple<int32_t, int32_t, int32_t, size_t>>{
+           {1, 32, 2048, 2}, {4, 32, 2048, 2}, {2, 8, 0, 1}, {8, 8, 0, 1}, {4, 1, 0, 1}}) {
+    SCOPED_TRACE(::testing::Message() << "group " << group << ", " << kv_heads << " kv heads");
+    const PrefixPlan plan = checked_split_plan(batch, shape_of(group, kv_heads), 132, f16_partials);
     EXPECT_EQ(plan.split_tokens, split_tokens);
     EXPECT_EQ(plan.units.size(), 256 * pieces);
     EXPECT_EQ(plan.merges.size(), pieces > 1 ? 256u : 0u);

@@ -187,10 +187,11 @@ class Packer {
 //
 // Units of one length that are no longer than a fair share are dealt out in whole rounds as
 // well: 256 sequences of 4096 tokens at 8 kv heads are 2048 items, 16 rounds on 132 workers for
-// 15.5 rounds of work. Then each is cut into the fewest equal pieces whose rounds are 99% full
-// (3 there: 47 rounds for 46.5), if no piece is then shorter than the minimum; units of many
-// lengths are balanced by the schedule instead. It measured 0.3-0.7% faster on that batch, but
-// at GQA group 8 the uncut units' 16 whole rounds of 128 workers are faster still (below).
+// 15.5 rounds of work. Then each is cut into the fewest equal pieces whose rounds are 99% full,
+// if no piece is then shorter than the minimum; units of many lengths are balanced by the
+// schedule instead. Those 2048 units, though, fill 16 whole rounds of 128 workers, which is
+// faster still (below); 8192 at 32 kv heads take 63 rounds of 132 and are cut in 2 (125 rounds
+// for 124.1).
 int32_t split_length(const std::vector<PrefixUnit>& units, int64_t tail_tokens, const AttentionShape& shape,
                      const DeviceInfo& device, const PrefixPlanOptions& options) {
   if (!options.split || units.empty()) return 0;
@@ -213,25 +214,20 @@ int32_t split_length(const std::vector<PrefixUnit>& units, int64_t tail_tokens, 
   };
   if (length >= longest) {
     if (!one_length) return 0;
-    // Uncut units that fill whole rounds of fewer workers run on those (prefix_schedule), and
-    // stay whole where a cut's partial states would move more than a tenth of the idle workers'
-    // share of the KV. On an H100, 4 idle SMs of 132 cost 256_4096 at 32 kv heads 0.35%
-    // (8192 units on 128 CTAs 5621-5622 us, 16384 pieces on 132 5600-5604: its GQA group 1 makes
-    // the partial states 0.05% of the KV), while at 8 kv heads and group 8 the cut's partial states
-    // are 0.6% of the KV and its merge a launch more (2048 units on 128 CTAs 1413-1418 us, 6144
-    // pieces on 132 1425-1428).
+    // Uncut units that fill whole rounds of fewer workers run on those (prefix_schedule) and stay
+    // whole: the few idle SMs cost less than the cut's partial states, its merge and its static
+    // schedule over pieces. 256_4096 at 8 kv heads, 2048 units on 128 CTAs against 6144 pieces
+    // on 132: at GQA group 2 and 4, 0.973-0.975 of the bound against 0.956-0.960 on an H200
+    // (0.993-0.997x the issue-3 kernel against 0.978-0.985x), 0.984-0.987 against 0.979-0.982 on
+    // an H100; at group 8, 1413-1418 us against 1425-1428 on an H100 before the tensor copies.
     const int64_t uncut = items(longest), uncut_rounds = (uncut + workers - 1) / workers;
-    const int64_t idle = workers - uncut / uncut_rounds;
-    const int64_t token_bytes = 2 * int64_t(shape.head_dim) * options.kv_bytes_per_element;
+    if (uncut % uncut_rounds == 0) return 0;
     for (int64_t cut = 1; cut <= 8; ++cut) {
       const int64_t piece = ((longest + cut - 1) / cut + bs - 1) / bs * bs;  // whole blocks
       if (piece < floor) return 0;
       const int64_t n = items(piece), rounds = (n + workers - 1) / workers;
       if (100 * n < 99 * rounds * workers) continue;
-      if (piece >= longest) return 0;
-      const int64_t partial_share = 10 * cut * partial_bytes(shape, options) * workers;
-      const bool keep_whole = uncut % uncut_rounds == 0 && partial_share > idle * longest * token_bytes;
-      return keep_whole ? 0 : int32_t(piece);
+      return piece < longest ? int32_t(piece) : 0;
     }
     return 0;
   }
