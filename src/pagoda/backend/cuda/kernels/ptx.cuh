@@ -44,7 +44,6 @@ __device__ __forceinline__ void cp_async_wait() {
 // holds no register while it is in flight.
 __device__ __forceinline__ void prefetch_l1(const void* src) { asm volatile("prefetch.global.L1 [%0];" ::"l"(src)); }
 
-
 // Small global -> shared copies through L1 (4 or 8 bytes: metadata such as block ids).
 template <int kBytes>
 __device__ __forceinline__ void cp_async_small(uint32_t dst, const void* src) {
