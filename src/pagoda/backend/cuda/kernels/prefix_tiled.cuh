@@ -108,6 +108,7 @@ struct PrefixTiledConfig {
   static constexpr int kRowBytes = kHeadDim * 2;
   static constexpr int kKvTileBytes = kTileTokens * kRowBytes;  // K or V of one tile
   static constexpr int kGroupBytes = kKvMapBoxTokens * kRowBytes;  // one tensor copy's 16 rows
+  static constexpr int kGroupHalfBytes = kKvMapBoxTokens * 128;     // their 64-element halves, one after the other
   static constexpr int kQBytes = kStageQRows * kRowBytes;
   static constexpr int kStageBytes = 2 * kKvTileBytes + kQBytes;
   static constexpr int kStages = 4;
@@ -146,6 +147,8 @@ struct PrefixTiledConfig {
                     65536 / kThreads / 8 * 8 * kThreads,
                 "within the registers of __launch_bounds__(kThreads, 1)");
   static_assert(kBarrierOffset % 8 == 0);
+  static_assert(kKvMapBoxTokens == 16 && kProducerWarps * kKvMapBoxTokens == kTileTokens,
+                "one producer warp per tensor copy's 16 rows, the swizzle's groups (`swizzled`)");
 };
 
 template <typename T, int kHeadDim>
@@ -169,13 +172,13 @@ __global__ void __launch_bounds__(PrefixTiledConfig<kHeadDim>::kThreads, 1)
   // groups. Row 16 a + b (b < 16) lies 16 a rows of bytes past row b: callers whose rows start at
   // a multiple of 16 add that themselves, leaving the per-lane part to this.
   auto swizzled = [](int row, int chunk) {
-    return uint32_t((row >> 4) * C::kGroupBytes + (chunk >> 3) * (16 * 128) + (row & 15) * 128 + (((chunk ^ row) & 7) << 4));
+    return uint32_t((row >> 4) * C::kGroupBytes + (chunk >> 3) * C::kGroupHalfBytes + (row & 15) * 128 + (((chunk ^ row) & 7) << 4));
   };
   // The consumers' ldmatrix addresses: a lane reads chunk 2 k + h of its row (h: 0 or 1, by the
   // lane's matrix), whose offset is chunk h's (`lane_offset`) with bits 4-6 flipped by 2 k % 8,
   // in half k / 4: one XOR per k.
   auto chunk_pair = [](uint32_t lane_offset, int k) {
-    return (lane_offset ^ uint32_t((2 * k & 7) << 4)) + uint32_t(k >> 2) * (16 * 128);
+    return (lane_offset ^ uint32_t((2 * k & 7) << 4)) + uint32_t(k >> 2) * C::kGroupHalfBytes;
   };
   // The schedule's slot of the CTA's n-th item (prefix_schedule).
   auto slot_of = [](int n) { return int(blockIdx.x) + n * int(gridDim.x); };
@@ -361,7 +364,7 @@ __global__ void __launch_bounds__(PrefixTiledConfig<kHeadDim>::kThreads, 1)
       if (!done) {
         const uint32_t k_dst = stage_base(stage) + row_group * C::kGroupBytes;
         const uint32_t v_dst = k_dst + C::kKvTileBytes;
-        if (group_end - group_row >= 16) {
+        if (group_end - group_row >= kKvMapBoxTokens) {
           if (lane == 0) {
             ptx::mbarrier_expect_tx(full_barrier(stage), 2 * C::kGroupBytes);
             if (kv_shared) {  // other items read it too: kept in L2
@@ -378,7 +381,7 @@ __global__ void __launch_bounds__(PrefixTiledConfig<kHeadDim>::kThreads, 1)
           const T* src = static_cast<const T*>(p.pool.k) + int64_t(block_id) * p.pool.page_stride +
                          kv_head * p.pool.head_stride + (block_token + row) * p.pool.token_stride + lane_chunk * 8;
 #pragma unroll 1  // rare (a partial group); unrolled, its addresses spilled the producers' registers
-          for (int r = row; r < 16; r += kRowsPerCopy) {
+          for (int r = row; r < kKvMapBoxTokens; r += kRowsPerCopy) {
             const uint32_t bytes = group_row + r < group_end ? 16 : 0;  // 0: zeros, src not read
             ptx::cp_async_16(k_dst + swizzled(r, lane_chunk), src, bytes);
             ptx::cp_async_16(v_dst + swizzled(r, lane_chunk), src + v_minus_k, bytes);
