@@ -7,9 +7,9 @@
 #   here:   bash scripts/fetch_device_deps.sh   (and .flashinfer-wheels, see bench/flashinfer_decode.py)
 #   there:  bash scripts/device_prefix.sh        (carry .device-deps and .flashinfer-wheels)
 # Environment:
-#   TREES        ';'-separated batches for both benchmarks [the eight of shared/workloads/README.md];
-#                `pat`: the twenty trees of the PAT artifact's kernel benchmark (benchmark/run_kernel_bench.sh
-#                of github.com/flashserve/PAT), the eight among them
+#   TREES        ';'-separated batches for both benchmarks, as the bench's --tree takes them [listed: the
+#                eight of shared/workloads/README.md]; `pat`: the twenty trees of the PAT artifact's kernel
+#                benchmark (benchmark/run_kernel_bench.sh of github.com/flashserve/PAT), the eight among them
 #   HEADS        head configurations [32/32,16/8,32/8,64/8]
 #   STEPS        which steps to run [tests bench flashinfer]; `ncu` adds Nsight Compute's full set
 #                and the L2's busiest-unit breakdown for the prefix kernel and the issue-3 kernel on
@@ -26,16 +26,6 @@ device_out_init device_prefix
 cd "$(dirname "$0")/.."
 steps=" ${STEPS:-tests bench flashinfer} "
 has() { [[ "$steps" == *" $1 "* ]]; }
-if [[ ${TREES:-} == pat ]]; then
-  TREES='1,10_4096,416;1,256_256,32;1,1024_2048,32;1,2,64_1024,256,256;1,4,256_32,256,32;1,8,512_32,512,256;'
-  TREES+='1,8,512_32,2048,256;1,8,512_512,512,256;1,4,8,256_32,256,256,32;1,4,16,512_1024,256,128,32;'
-  TREES+='1,4,16,64,256,1024_256,32,256,64,32,256;1,16,32,64,128,1024_256,128,64,32,32,32;'
-  TREES+='1,16,32,64,256,1024_256,128,64,32,32,32;1,8,16,32,64,128,1024_256,128,64,32,32,32,32;'
-  TREES+='1,8,16,32,64,256,1024_256,128,64,32,32,32,32;2,8,16,256_256,256,32,32;4,16,256,512_512,32,128,32;'
-  TREES+='8,16,32,256_512,512,256,32;256_1024;256_4096'
-fi
-tree_args=()
-[[ -n ${TREES:-} ]] && tree_args=(--tree "$TREES")
 heads=${HEADS:-32/32,16/8,32/8,64/8}
 python=/opt/torch/.venv/bin/python3
 [[ -x $python ]] || python=python3
@@ -54,6 +44,7 @@ fi
 results=(prefix_attention.json flashinfer_prefix.json)
 trap 'if [[ -n ${flashinfer_jit:-} ]]; then kill "$flashinfer_jit" 2>/dev/null || true; fi; deliver "${results[@]}"' EXIT
 bash scripts/device_build.sh pagoda gpu_tests 2>&1 | tee "$out/build.log" | tail -n 3
+trees=$(./build/pagoda bench prefix-attention --tree "${TREES:-listed}" --list-trees)
 
 if has tests; then
   ./build/gpu_tests --gtest_brief=1 --gtest_filter="${GTEST_FILTER:-*Prefix*:*Merge*:GpuDecode*}" \
@@ -68,13 +59,13 @@ if has flashinfer; then
   wait "$flashinfer_jit" || { echo "FlashInfer JIT failed:"; tail -n 20 "$out/flashinfer_jit.log"; }
 fi
 if has bench; then
-  ./build/pagoda bench prefix-attention "${tree_args[@]}" --heads "$heads" --out "$out/prefix_attention.json" \
+  ./build/pagoda bench prefix-attention --tree "$trees" --heads "$heads" --out "$out/prefix_attention.json" \
     >"$out/bench_prefix.log" 2>&1 || true
   tail -n 40 "$out/bench_prefix.log"
   deliver "${results[@]}"
 fi
 if has flashinfer; then
-  $python bench/flashinfer_prefix.py ${TREES:+--trees "$TREES"} --heads "$heads" --jit-cache /tmp/flashinfer-jit \
+  $python bench/flashinfer_prefix.py --trees "$trees" --heads "$heads" --jit-cache /tmp/flashinfer-jit \
     --out "$out/flashinfer_prefix.json" >"$out/flashinfer_prefix.log" 2>&1 || true
   tail -n 40 "$out/flashinfer_prefix.log"
   deliver "${results[@]}"

@@ -339,6 +339,27 @@ TEST(PrefixForest, RejectsTooFewBlocks) {
   EXPECT_THROW(build_prefix_forest(DecodeBatch{}, 0), Error);
 }
 
+// The benchmarks' named sets: the eight of shared/workloads/README.md among the PAT artifact's
+// twenty, each a tree the parser takes; other items pass through in place.
+TEST(TreeBatch, NamedBenchmarkSetsExpandInTheArtifactsOrder) {
+  const std::vector<std::string> listed = expand_benchmark_trees({"listed"});
+  EXPECT_EQ(listed, (std::vector<std::string>{"1,10_4096,416", "1,4,256_32,256,32", "1,8,512_32,2048,256",
+                                              "1,4,16,512_1024,256,128,32", "1,16,32,64,128,1024_256,128,64,32,32,32",
+                                              "2,8,16,256_256,256,32,32", "8,16,32,256_512,512,256,32", "256_4096"}));
+  const std::vector<std::string> pat = expand_benchmark_trees({"1_16", "pat", "2_32"});
+  ASSERT_EQ(pat.size(), 22u);
+  EXPECT_EQ(pat.front(), "1_16");
+  EXPECT_EQ(pat[1], "1,10_4096,416");
+  EXPECT_EQ(pat[2], "1,256_256,32");
+  EXPECT_EQ(pat[20], "256_4096");
+  EXPECT_EQ(pat.back(), "2_32");
+  for (size_t i = 1; i + 1 < pat.size(); ++i) {
+    EXPECT_EQ(std::count(pat.begin(), pat.end(), pat[i]), 1) << pat[i];
+    EXPECT_NO_THROW(parse_prefix_tree(pat[i])) << pat[i];
+  }
+  EXPECT_TRUE(expand_benchmark_trees({}).empty());
+}
+
 // tree_batch: the README notation.
 TEST(TreeBatch, ParsesTheReadmeExample) {
   const PrefixTreeSpec spec = parse_prefix_tree("1,4,16_128,256,1024");

@@ -10,6 +10,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
@@ -109,6 +110,18 @@ TEST(Cli, BenchPrefixAttentionPlansWithoutAGpu) {
   EXPECT_NE(r.output.find("1,4,16_128,256,1024"), std::string::npos) << r.output;
   EXPECT_NE(r.output.find(" 71.8 "), std::string::npos) << r.output;
   EXPECT_NE(r.output.find("256_64"), std::string::npos) << r.output;
+}
+
+TEST(Cli, BenchPrefixAttentionListsItsNamedTreeSets) {
+  const Result listed = run("bench prefix-attention --list-trees");
+  ASSERT_EQ(listed.exit_code, 0) << listed.output;
+  EXPECT_EQ(listed.output,
+            "1,10_4096,416;1,4,256_32,256,32;1,8,512_32,2048,256;1,4,16,512_1024,256,128,32;"
+            "1,16,32,64,128,1024_256,128,64,32,32,32;2,8,16,256_256,256,32,32;8,16,32,256_512,512,256,32;256_4096\n");
+  const Result pat = run("bench prefix-attention --tree 'pat;1_16' --list-trees");
+  ASSERT_EQ(pat.exit_code, 0) << pat.output;
+  EXPECT_EQ(std::count(pat.output.begin(), pat.output.end(), ';'), 20) << pat.output;
+  EXPECT_TRUE(pat.output.ends_with(";256_1024;256_4096;1_16\n")) << pat.output;
 }
 
 TEST(Cli, BenchPrefixAttentionRejectsBadFlags) {

@@ -153,7 +153,7 @@ TEST_P(GpuPrefixTree, MatchesExactAttention) {
   EXPECT_LE(lse_error, kLseTolerance) << c.tree << " " << c.q_heads << "/" << c.kv_heads;
 }
 
-std::vector<TreeCase> head_cases(std::initializer_list<const char*> trees) {
+std::vector<TreeCase> head_cases(const std::vector<const char*>& trees) {
   std::vector<TreeCase> cases;
   for (const char* tree : trees) {
     for (auto [hq, hkv] : {std::pair{32, 32}, {16, 8}, {32, 8}, {64, 8}}) cases.push_back({tree, hq, hkv});
@@ -168,25 +168,18 @@ std::string case_name(const ::testing::TestParamInfo<TreeCase>& info) {
   return name;
 }
 
-INSTANTIATE_TEST_SUITE_P(Batches, GpuPrefixTree,
-                         ::testing::ValuesIn(head_cases({"1,10_4096,416", "1,4,256_32,256,32", "1,8,512_32,2048,256",
-                                                         "1,4,16,512_1024,256,128,32",
-                                                         "1,16,32,64,128,1024_256,128,64,32,32,32",
-                                                         "2,8,16,256_256,256,32,32", "8,16,32,256_512,512,256,32",
-                                                         "256_4096"})),
-                         case_name);
+// The listed batches, then the other trees of the PAT artifact's kernel benchmark: among them
+// trees of up to seven levels and a 2048-token root over 1024 queries.
+std::vector<const char*> benchmark_trees(bool listed) {
+  std::vector<const char*> trees;
+  for (const attention::BenchmarkTree& tree : attention::kPatBenchmarkTrees) {
+    if (tree.listed == listed) trees.push_back(tree.text);
+  }
+  return trees;
+}
 
-// The other trees of the PAT artifact's kernel benchmark (benchmark/run_kernel_bench.sh of
-// github.com/flashserve/PAT), in the same notation: among them trees of up to seven levels and a
-// 2048-token root over 1024 queries.
-INSTANTIATE_TEST_SUITE_P(PatBenchmark, GpuPrefixTree,
-                         ::testing::ValuesIn(head_cases(
-                             {"1,256_256,32", "1,1024_2048,32", "1,2,64_1024,256,256", "1,8,512_32,512,256",
-                              "1,8,512_512,512,256", "1,4,8,256_32,256,256,32",
-                              "1,4,16,64,256,1024_256,32,256,64,32,256", "1,16,32,64,256,1024_256,128,64,32,32,32",
-                              "1,8,16,32,64,128,1024_256,128,64,32,32,32,32",
-                              "1,8,16,32,64,256,1024_256,128,64,32,32,32,32", "4,16,256,512_512,32,128,32",
-                              "256_1024"})),
+INSTANTIATE_TEST_SUITE_P(Batches, GpuPrefixTree, ::testing::ValuesIn(head_cases(benchmark_trees(true))), case_name);
+INSTANTIATE_TEST_SUITE_P(PatBenchmark, GpuPrefixTree, ::testing::ValuesIn(head_cases(benchmark_trees(false))),
                          case_name);
 
 // ---- The kernel's units (host only: runs without a GPU too).

@@ -8,8 +8,8 @@ benchmarks' own, and that bad input stops a script before any build.
 
 The stubs stand in for what needs a GPU. A scripts/device_build.sh in a copy of the scripts
 writes a build/pagoda that answers `bench prefix-attention --out FILE` with a JSON of fixed times,
-read from the tree's stub_us.txt (the patch under test changes it). nvidia-smi and ncu are stubs
-on PATH.
+read from the tree's stub_us.txt (the patch under test changes it), and `--list-trees` with two
+trees. nvidia-smi and ncu are stubs on PATH.
 """
 import json
 import os
@@ -25,6 +25,7 @@ STUB_BUILD = r"""#!/usr/bin/env bash
 mkdir -p build
 cat > build/pagoda <<'EOF'
 #!/usr/bin/env bash
+[[ " $* " == *" --list-trees "* ]] && { echo "1_16;256_4096"; exit; }
 out=
 for ((i = 1; i <= $#; ++i)); do [[ ${!i} == --out ]] && { j=$((i + 1)); out=${!j}; }; done
 [[ $out == *_2.json && -n ${STUB_SLEEP_ROUND_2:-} ]] && sleep "$STUB_SLEEP_ROUND_2"

@@ -32,6 +32,20 @@ std::vector<int32_t> parse_list(std::string_view list, std::string_view text, co
 
 }  // namespace
 
+std::vector<std::string> expand_benchmark_trees(const std::vector<std::string>& items) {
+  std::vector<std::string> trees;
+  for (const std::string& item : items) {
+    if (item != "listed" && item != "pat") {
+      trees.push_back(item);
+      continue;
+    }
+    for (const BenchmarkTree& tree : kPatBenchmarkTrees) {
+      if (tree.listed || item == "pat") trees.emplace_back(tree.text);
+    }
+  }
+  return trees;
+}
+
 PrefixTreeSpec parse_prefix_tree(std::string_view text) {
   const size_t underscore = text.find('_');
   if (underscore == std::string_view::npos || text.find('_', underscore + 1) != std::string_view::npos) {

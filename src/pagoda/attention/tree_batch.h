@@ -6,6 +6,7 @@
 // prefixes.
 #pragma once
 
+#include <array>
 #include <cstdint>
 #include <string>
 #include <string_view>
@@ -22,6 +23,40 @@ struct PrefixTreeSpec {
 
   int32_t num_queries() const { return counts.back(); }
 };
+
+// The prefix-tree batches of the PAT artifact's kernel benchmark (benchmark/run_kernel_bench.sh of
+// github.com/flashserve/PAT), in its order. `listed`: one of the eight of shared/workloads/README.md,
+// those pat_reference.md gives PAT's figures for, the targets.
+struct BenchmarkTree {
+  const char* text;
+  bool listed;
+};
+inline constexpr std::array<BenchmarkTree, 20> kPatBenchmarkTrees = {{
+    {"1,10_4096,416", true},
+    {"1,256_256,32", false},
+    {"1,1024_2048,32", false},
+    {"1,2,64_1024,256,256", false},
+    {"1,4,256_32,256,32", true},
+    {"1,8,512_32,512,256", false},
+    {"1,8,512_32,2048,256", true},
+    {"1,8,512_512,512,256", false},
+    {"1,4,8,256_32,256,256,32", false},
+    {"1,4,16,512_1024,256,128,32", true},
+    {"1,4,16,64,256,1024_256,32,256,64,32,256", false},
+    {"1,16,32,64,128,1024_256,128,64,32,32,32", true},
+    {"1,16,32,64,256,1024_256,128,64,32,32,32", false},
+    {"1,8,16,32,64,128,1024_256,128,64,32,32,32,32", false},
+    {"1,8,16,32,64,256,1024_256,128,64,32,32,32,32", false},
+    {"2,8,16,256_256,256,32,32", true},
+    {"4,16,256,512_512,32,128,32", false},
+    {"8,16,32,256_512,512,256,32", true},
+    {"256_1024", false},
+    {"256_4096", true},
+}};
+
+// Batches as the benchmarks take them: `listed` (the eight above) and `pat` (all twenty) stand for
+// those sets, in the artifact's order; any other item is a tree as given, unparsed.
+std::vector<std::string> expand_benchmark_trees(const std::vector<std::string>& items);
 
 // Throws Error(kInvalidArgument) naming what is wrong: not COUNTS_LENGTHS, a count or length
 // that is not a positive number, levels of different lengths, a level whose count is not a

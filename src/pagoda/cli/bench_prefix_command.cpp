@@ -46,14 +46,7 @@ namespace pagoda::cli {
 namespace {
 
 struct PrefixBenchFlags {
-  std::vector<std::string> trees{"1,10_4096,416",
-                                 "1,4,256_32,256,32",
-                                 "1,8,512_32,2048,256",
-                                 "1,4,16,512_1024,256,128,32",
-                                 "1,16,32,64,128,1024_256,128,64,32,32,32",
-                                 "2,8,16,256_256,256,32,32",
-                                 "8,16,32,256_512,512,256,32",
-                                 "256_4096"};
+  std::vector<std::string> trees{"listed"};  // attention::expand_benchmark_trees's names, or trees
   std::vector<std::string> heads{"32/32", "16/8", "32/8", "64/8"};
   int head_dim = 128;
   int block_size = 16;
@@ -62,6 +55,7 @@ struct PrefixBenchFlags {
   int warmup = 3;
   int workers = 132;  // --plan-only: the device the plan is made for (an H100/H200 has 132 SMs)
   bool plan_only = false;
+  bool list_trees = false;
   std::string out;  // empty: bench/results/<device slug>/prefix_attention.json
 };
 
@@ -394,9 +388,12 @@ void register_bench_prefix(CLI::App& bench) {
   auto flags = std::make_shared<PrefixBenchFlags>();
   CLI::App* cmd = bench.add_subcommand(
       "prefix-attention", "prefix-aware decode attention on prefix-tree batches, against its bound and the decode kernel");
-  cmd->add_option("--tree", flags->trees, "prefix-tree batches COUNTS_LENGTHS, ';'-separated or repeated")
+  cmd->add_option("--tree", flags->trees,
+                  "prefix-tree batches COUNTS_LENGTHS, ';'-separated or repeated; `listed`: the eight of "
+                  "shared/workloads/README.md, `pat`: the PAT artifact's twenty")
       ->delimiter(';')
       ->capture_default_str();
+  cmd->add_flag("--list-trees", flags->list_trees, "print the batches --tree names, ';'-separated, and exit");
   cmd->add_option("--heads", flags->heads, "head shapes as q_heads/kv_heads, comma-separated")
       ->delimiter(',')
       ->capture_default_str();
@@ -409,8 +406,15 @@ void register_bench_prefix(CLI::App& bench) {
   cmd->add_option("--workers", flags->workers, "--plan-only: workers of the device planned for")->capture_default_str();
   cmd->add_option("--out", flags->out, "JSON results (default bench/results/<device>/prefix_attention.json)");
   cmd->callback([flags] {
+    flags->trees = attention::expand_benchmark_trees(flags->trees);
     if (flags->trees.empty()) fail(ErrorKind::kInvalidArgument, "--tree: give at least one batch");
     for (const std::string& tree : flags->trees) attention::parse_prefix_tree(tree);  // errors before any work
+    if (flags->list_trees) {
+      std::string joined;
+      for (const std::string& tree : flags->trees) joined += (joined.empty() ? "" : ";") + tree;
+      std::printf("%s\n", joined.c_str());
+      return;
+    }
     std::vector<HeadSpec> heads;
     for (const std::string& spec : flags->heads) heads.push_back(parse_heads(spec));
     if (heads.empty()) fail(ErrorKind::kInvalidArgument, "--heads: give at least one q_heads/kv_heads");
