@@ -68,11 +68,6 @@ HEAD_DIM = 128
 MAX_CHECKED = 32  # queries per config compared with the torch reference
 DEVICE = "cuda:0"  # a test may point this at the CPU, with a stand-in flashinfer
 VARIANTS = ("decode_cuda_core", "decode_tensor_core", "cascade")
-DEFAULT_TREES = ("1,10_4096,416;1,4,256_32,256,32;1,8,512_32,2048,256;1,4,16,512_1024,256,128,32;"
-                 "1,16,32,64,128,1024_256,128,64,32,32,32;2,8,16,256_256,256,32,32;"
-                 "8,16,32,256_512,512,256,32;256_4096")
-
-
 # ---- batch notation and page tables (pure Python: tested without torch) ---------------------------
 
 def parse_tree(spec: str) -> tuple[list[int], list[int]]:
@@ -191,7 +186,9 @@ def reference(torch, q, k, v, pages: list[int], length: int):
 def parse_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--trees", action="append", default=None,
-                   help="COUNTS_LENGTHS batches separated by ';' or spaces; repeatable (default: the 8 of the README)")
+                   help="COUNTS_LENGTHS batches separated by ';' or spaces; repeatable. The benchmark's named "
+                        "sets come from pagoda: --trees \"$(./build/pagoda bench prefix-attention --tree listed "
+                        "--list-trees)\" (or --tree pat)")
     p.add_argument("--heads", type=fd.head_list, default=fd.head_list("32/32,16/8,32/8,64/8"),
                    help="q_heads/kv_heads, comma-separated (default 32/32,16/8,32/8,64/8)")
     p.add_argument("--page-size", type=int, default=16, help="tokens per KV page")
@@ -208,9 +205,12 @@ def parse_args(argv=None) -> argparse.Namespace:
     a = p.parse_args(argv)
     if a.runs < 1 or a.warmup < 0 or a.page_size < 1:
         p.error("--runs and --page-size must be positive, --warmup not negative")
-    a.trees = split_trees(a.trees or [DEFAULT_TREES])
     if a.compile_only:
         a.trees = [f"1,2_{a.page_size},5"]  # two levels, a partial leaf page: every code path, tiny
+    elif not a.trees:
+        p.error("--trees is required (e.g. the output of `pagoda bench prefix-attention --list-trees`)")
+    else:
+        a.trees = split_trees(a.trees)
     for t in a.trees:
         try:
             check_page_multiples(t, parse_tree(t)[1], a.page_size)

@@ -34,6 +34,14 @@ class ParseTreeTest(unittest.TestCase):
     def test_split_trees(self):
         self.assertEqual(fp.split_trees(["1,2_32,16;256_4096", " 8_64 "]), ["1,2_32,16", "256_4096", "8_64"])
 
+    def test_trees_come_from_the_command_line(self):
+        # No list of its own: the benchmark's sets are pagoda's (`--list-trees`), passed in.
+        self.assertEqual(fp.parse_args(["--out", "x.json", "--trees", "1,2_32,16;256_4096"]).trees,
+                         ["1,2_32,16", "256_4096"])
+        with self.assertRaises(SystemExit):
+            fp.parse_args(["--out", "x.json"])
+        self.assertEqual(fp.parse_args(["--out", "x.json", "--compile-only"]).trees, ["1,2_16,5"])
+
 
 class LayoutTest(unittest.TestCase):
     # One root of 32 tokens (2 pages), 2 children of 16 (1 page), 4 queries of 20 (2 pages, the

@@ -126,6 +126,7 @@ TEST(Cli, BenchPrefixAttentionListsItsNamedTreeSets) {
 
 TEST(Cli, BenchPrefixAttentionRejectsBadFlags) {
   expect_error("bench prefix-attention --plan-only --tree 1,4", "COUNTS_LENGTHS");
+  expect_error("bench prefix-attention --tree listd --list-trees", "nor `listed` or `pat`");
   expect_error("bench prefix-attention --plan-only --tree 1,4_16", "2 counts but 1 lengths");
   expect_error("bench prefix-attention --plan-only --tree 2,3_16,16", "not a multiple");
   expect_error("bench prefix-attention --plan-only --tree 1,2_20,16", "whole blocks");

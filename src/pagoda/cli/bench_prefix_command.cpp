@@ -408,7 +408,13 @@ void register_bench_prefix(CLI::App& bench) {
   cmd->callback([flags] {
     flags->trees = attention::expand_benchmark_trees(flags->trees);
     if (flags->trees.empty()) fail(ErrorKind::kInvalidArgument, "--tree: give at least one batch");
-    for (const std::string& tree : flags->trees) attention::parse_prefix_tree(tree);  // errors before any work
+    for (const std::string& tree : flags->trees) {  // errors before any work
+      if (tree.find('_') == std::string::npos) {  // a misspelt set name reads better as one
+        fail(ErrorKind::kInvalidArgument, "--tree: '{}' is neither COUNTS_LENGTHS (e.g. 1,4,16_128,256,1024) nor "
+             "`listed` or `pat`", tree);
+      }
+      attention::parse_prefix_tree(tree);
+    }
     if (flags->list_trees) {
       std::string joined;
       for (const std::string& tree : flags->trees) joined += (joined.empty() ? "" : ";") + tree;
