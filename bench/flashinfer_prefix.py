@@ -32,7 +32,8 @@ one more JIT build of several minutes: run --compile-only first, in a call of it
 
 Usage:
   python3 bench/flashinfer_prefix.py --compile-only --out /tmp/fi_prefix_compile.json
-  python3 bench/flashinfer_prefix.py --out bench/results/<device>/flashinfer_prefix.json
+  python3 bench/flashinfer_prefix.py --trees "$(./build/pagoda bench prefix-attention --list-trees)" \
+      --out bench/results/<device>/flashinfer_prefix.json
   python3 bench/flashinfer_prefix.py --trees '1,4,16_128,256,1024;256_4096' --heads 32/8 --out /tmp/p.json
 """
 from __future__ import annotations
