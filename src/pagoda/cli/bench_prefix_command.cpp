@@ -197,7 +197,8 @@ void run_plan_only(const PrefixBenchFlags& flags, const std::vector<HeadSpec>& h
 #if PAGODA_HAVE_CUDA
 
 struct KernelTiming {
-  double median_us, min_us, max_us;
+  double median_us, min_us, max_us;  // on the GPU, between CUDA events
+  double host_us;  // median host time of the call that enqueues the launches: a decode step pays it per layer
 };
 
 void run_gpu_bench(PrefixBenchFlags flags, const std::vector<HeadSpec>& heads) {
@@ -248,16 +249,21 @@ void run_gpu_bench(PrefixBenchFlags flags, const std::vector<HeadSpec>& heads) {
   cuda::EventTimings timings(flags.runs);
   auto time_kernel = [&](auto&& launch) {
     for (int w = 0; w < flags.warmup; ++w) launch();
+    std::vector<double> host_us(size_t(flags.runs));
     for (int run = 0; run < flags.runs; ++run) {
       cuda::gpu_sleep(200);
       flusher.flush();
       timings.start(run);
+      const auto enqueue = std::chrono::steady_clock::now();
       launch();
+      host_us[size_t(run)] =
+          std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - enqueue).count();
       timings.stop(run);
     }
     cuda::check_cuda(cudaGetLastError(), "bench prefix-attention launch");
     std::vector<double> us = timings.elapsed_us();
-    return KernelTiming{median(us), *std::min_element(us.begin(), us.end()), *std::max_element(us.begin(), us.end())};
+    return KernelTiming{median(us), *std::min_element(us.begin(), us.end()), *std::max_element(us.begin(), us.end()),
+                        median(host_us)};
   };
 
   struct Result {
@@ -320,7 +326,7 @@ void run_gpu_bench(PrefixBenchFlags flags, const std::vector<HeadSpec>& heads) {
     const double bound_us = std::max(memory_us, compute_us);
     auto frac = [&](const KernelTiming& t) { return f.unique_bytes / (t.median_us * 1e-6) / bandwidth; };
     auto timing_json = [&](const KernelTiming& t) {
-      return nlohmann::json{{"median_us", t.median_us}, {"min_us", t.min_us}, {"max_us", t.max_us},
+      return nlohmann::json{{"median_us", t.median_us}, {"min_us", t.min_us}, {"max_us", t.max_us}, {"host_us", t.host_us},
                             {"frac", frac(t)}, {"of_bound", bound_us / t.median_us}};
     };
     std::printf("%-42s %3d/%-2d %9.1f %9.1f %8.1f%c %9.1f %6.2f %7.2f %9.1f %6.2f\n", f.spec.text.c_str(),
