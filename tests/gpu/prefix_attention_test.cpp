@@ -52,6 +52,7 @@ DeviceOutputs run_prefix_gpu(const PrefixPlan& plan, const attention::DecodeBatc
                              const void* q, bool with_lse = true) {
   PrefixWorkspace workspace;
   workspace.upload(plan, batch, shape, tiles);
+  const KvTensorMaps maps = kv_tensor_maps(kv);
   const size_t rows = size_t(batch.num_seqs()) * size_t(shape.num_q_heads);
   DeviceArray<uint16_t> out(rows * size_t(shape.head_dim));
   DeviceArray<float> lse(rows);
@@ -59,7 +60,7 @@ DeviceOutputs run_prefix_gpu(const PrefixPlan& plan, const attention::DecodeBatc
   for (int launch = 0; launch < 2; ++launch) {
     check_cuda(cudaMemset(out.data(), 0xff, out.bytes()), "cudaMemset out");  // NaN in every dtype
     check_cuda(cudaMemset(lse.data(), 0xff, lse.bytes()), "cudaMemset lse");
-    prefix_attention(workspace, shape, kv, q, out.data(), with_lse ? lse.data() : nullptr);
+    prefix_attention(workspace, shape, kv, maps, q, out.data(), with_lse ? lse.data() : nullptr);
     check_cuda(cudaDeviceSynchronize(), "prefix_attention");
     first_bits = std::exchange(bits, out.download());
   }
@@ -643,10 +644,15 @@ TEST(GpuPrefix, NullLseAndRejectedInput) {
   DeviceArray<uint16_t> out(in.q.size());
   AttentionShape other = in.shape;
   other.num_q_heads *= 2;  // another group size than the workspace's
-  EXPECT_THROW(prefix_attention(workspace, other, dev.kv, dev.q.data(), out.data(), nullptr), Error);
+  const KvTensorMaps maps = kv_tensor_maps(dev.kv);
+  EXPECT_THROW(prefix_attention(workspace, other, dev.kv, maps, dev.q.data(), out.data(), nullptr), Error);
   PagedKv small = dev.kv;
   small.num_blocks = 1;  // the batch names blocks past it
-  EXPECT_THROW(prefix_attention(workspace, in.shape, small, dev.q.data(), out.data(), nullptr), Error);
+  EXPECT_THROW(prefix_attention(workspace, in.shape, small, kv_tensor_maps(small), dev.q.data(), out.data(), nullptr),
+               Error);
+  PagedKv swapped = dev.kv;
+  std::swap(swapped.k, swapped.v);  // the maps would read V as K
+  EXPECT_THROW(prefix_attention(workspace, in.shape, swapped, maps, dev.q.data(), out.data(), nullptr), Error);
   AttentionShape wide = in.shape;
   wide.head_dim = 256;
   EXPECT_NE(prefix_unsupported_reason(wide, dev.kv), nullptr);

@@ -289,8 +289,10 @@ void run_gpu_bench(PrefixBenchFlags flags, const std::vector<HeadSpec>& heads) {
         attention::plan_decode(f.batch, f.shape, cuda::decode_device_info(f.shape, dtype));
     cuda::DecodeWorkspace decode_ws;
     decode_ws.upload(decode_plan, f.batch, f.shape);
+    const cuda::KvTensorMaps maps = cuda::kv_tensor_maps(kv);
     Result r{.ctas = prefix_ws.ctas};
-    r.prefix = time_kernel([&] { cuda::prefix_attention(prefix_ws, f.shape, kv, q.data(), out_prefix.data(), nullptr); });
+    r.prefix =
+        time_kernel([&] { cuda::prefix_attention(prefix_ws, f.shape, kv, maps, q.data(), out_prefix.data(), nullptr); });
     r.decode = time_kernel([&] { cuda::decode_attention(decode_ws, f.shape, kv, q.data(), out_decode.data(), nullptr); });
     // The two kernels must agree: a guard against timing a wrong result.
     const std::vector<uint16_t> a = out_prefix.download(), b = out_decode.download();

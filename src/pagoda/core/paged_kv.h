@@ -35,6 +35,7 @@ struct PagedKv {
   int64_t token_stride = 0;
 
   int64_t elements_per_pool() const { return int64_t(num_blocks) * page_stride; }
+  friend bool operator==(const PagedKv&, const PagedKv&) = default;
 };
 
 // The view of pools k and v laid out as `layout`.

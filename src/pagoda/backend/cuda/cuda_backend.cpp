@@ -95,6 +95,9 @@ void CudaBackend::begin_step(const StepBatch& step) {
   prefix_step_ = step.prefix_plan != nullptr;
   if (num_decode_ > 0 && prefix_step_) {
     if (!prefix_tiles_) prefix_tiles_ = cuda::prefix_tiles(step.shape, dtype_);
+    if (kv_maps_.empty()) {
+      for (const PagedKv& layer : kv_layers_) kv_maps_.push_back(cuda::kv_tensor_maps(layer));
+    }
     prefix_.upload(*step.prefix_plan, step.decode_batch, step.shape, *prefix_tiles_, stream_);
   } else if (num_decode_ > 0) {
     make_room(decode_.items, step.decode_plan.items.size());
@@ -176,6 +179,7 @@ size_t CudaBackend::allocate_kv_cache(const kv::KvCacheConfig& config) {
   drop_graphs();
   kv_storage_.reset();
   kv_layers_.clear();
+  kv_maps_.clear();
   const size_t pool_elements =
       size_t(config.num_blocks) * size_t(config.block_size) * size_t(config.num_kv_heads) * size_t(config.head_dim);
   const size_t pool_bytes = pool_elements * dtype_size(dtype_);
@@ -218,7 +222,7 @@ void CudaBackend::rope_append_kv(int layer, const StepBatch& step, const Tensor&
 void CudaBackend::attention(int layer, const StepBatch& step, const Tensor& q, Tensor out) {
   const PagedKv& kv = kv_layers_.at(size_t(layer));
   if (num_decode_ > 0 && prefix_step_) {
-    cuda::prefix_attention(prefix_, step.shape, kv, q.data, out.data, nullptr, stream_);
+    cuda::prefix_attention(prefix_, step.shape, kv, kv_maps_.at(size_t(layer)), q.data, out.data, nullptr, stream_);
   } else if (num_decode_ > 0) {
     cuda::decode_attention(decode_, step.shape, kv, q.data, out.data, nullptr, options_.decode, stream_);
   }

@@ -90,6 +90,7 @@ class CudaBackend final : public Backend {
   kv::KvCacheConfig kv_config_;
   std::shared_ptr<Buffer> kv_storage_;
   std::vector<PagedKv> kv_layers_;
+  std::vector<cuda::KvTensorMaps> kv_maps_;  // kv_layers_' tensor maps, made at the first prefix step
   attention::DeviceInfo device_info_;
 
   // The step's metadata on the device (begin_step).

@@ -384,7 +384,7 @@ void PrefixWorkspace::upload(const attention::PrefixPlan& plan, const attention:
 }
 
 void prefix_attention(PrefixWorkspace& workspace, const attention::AttentionShape& shape, const PagedKv& kv,
-                      const void* q, void* out, float* lse, cudaStream_t stream) {
+                      const KvTensorMaps& maps, const void* q, void* out, float* lse, cudaStream_t stream) {
   if (const char* reason = prefix_unsupported_reason(shape, kv)) {
     fail(ErrorKind::kUnsupported, "prefix attention on the GPU: {}", reason);
   }
@@ -394,6 +394,7 @@ void prefix_attention(PrefixWorkspace& workspace, const attention::AttentionShap
     fail(ErrorKind::kInvalidArgument, "prefix attention: the workspace was uploaded for {} kv heads, not {}",
          workspace.num_kv_heads, shape.num_kv_heads);
   }
+  if (maps.kv != kv) fail(ErrorKind::kInvalidArgument, "prefix attention: the tensor maps describe another KV pool");
   if (workspace.ctas > 0) {
     const PrefixParams params{
         .slot_units = workspace.slot_units.data(),
@@ -403,8 +404,8 @@ void prefix_attention(PrefixWorkspace& workspace, const attention::AttentionShap
         .tail_tiles = workspace.tail_tiles.data(),
         .block_ids = workspace.block_ids.data(),
         .pool = kv_pool_params(kv, shape.block_size),
-        .k_map = kv_tensor_map(kv.k, kv),
-        .v_map = kv_tensor_map(kv.v, kv),
+        .k_map = maps.k,
+        .v_map = maps.v,
         .q = q,
         .out = out,
         .lse = lse,

@@ -14,6 +14,7 @@
 #include "pagoda/attention/prefix_plan.h"
 #include "pagoda/backend/cuda/device_array.h"
 #include "pagoda/backend/cuda/kernels/prefix_params.h"
+#include "pagoda/backend/cuda/kv_tensor_map.h"
 #include "pagoda/core/paged_kv.h"
 
 namespace pagoda::cuda {
@@ -125,11 +126,13 @@ struct PrefixWorkspace {
               const attention::AttentionShape& shape, const PrefixTiles& tiles, cudaStream_t stream = nullptr);
 };
 
-// Runs the uploaded plan, then its merges. Arguments as decode_attention (decode_attention.h):
+// Runs the uploaded plan, then its merges. Arguments as decode_attention (decode_attention.h), and
+// maps, kv's tensor maps (kv_tensor_maps(kv), encoded once per pool):
 //   q, out: [num_seqs, num_q_heads, head_dim] of kv.dtype; lse: [num_seqs, num_q_heads] fp32 or null.
 // Throws Error(kUnsupported) with prefix_unsupported_reason, Error(kInvalidArgument) when the
-// workspace was uploaded for another shape or names blocks outside the pool.
+// workspace was uploaded for another shape or names blocks outside the pool, or the maps describe
+// another pool.
 void prefix_attention(PrefixWorkspace& workspace, const attention::AttentionShape& shape, const PagedKv& kv,
-                      const void* q, void* out, float* lse, cudaStream_t stream = nullptr);
+                      const KvTensorMaps& maps, const void* q, void* out, float* lse, cudaStream_t stream = nullptr);
 
 }  // namespace pagoda::cuda
