@@ -29,6 +29,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import statistics
 import re
 import sys
 
@@ -60,7 +61,8 @@ def summarize(run: dict, pat: dict[tuple[str, str], float], fi: dict) -> tuple[l
     over all the run's batches with sharing), beat_cascade / cascade_rows, floors
     ('q/kv' -> (pagoda, issue-3 kernel) µs) and, where the run timed floors,
     above_floor (geomean of bound / (time - floor)), at_floor (batches timed at or under it) and
-    bound_plus_floor (what a kernel taking the bound plus the floor would score).
+    bound_plus_floor (what a kernel taking the bound plus the floor would score), and host_us
+    ((pagoda, issue-3 kernel) median host µs to enqueue one call, or None for runs without it).
     """
     rows, listed_bound, shared_bound, met, total_targets, beat_cascade, cascade_rows = [], [], [], 0, 0, 0, 0
     above_floor, at_bound_plus_floor, floors, at_floor = [], [], {}, 0
@@ -101,12 +103,15 @@ def summarize(run: dict, pat: dict[tuple[str, str], float], fi: dict) -> tuple[l
             "pat": pat_frac, "target": target, "decode_us": c["decode"]["median_us"],
             "fi_decode_us": f.get("decode_us"), "fi_cascade_us": cascade, "vs_cascade": speedup,
         })
+    timed_host = [c for c in run["configs"] if "host_us" in c["prefix"]]  # runs since the twenty-eighth session
+    host_us = (statistics.median(c["prefix"]["host_us"] for c in timed_host),
+               statistics.median(c["decode"]["host_us"] for c in timed_host)) if timed_host else None
     summary = {
         "met": met, "total_targets": total_targets, "geomean": geomean(listed_bound),
         "geomean_all": geomean(shared_bound), "shared": len(shared_bound), "listed": len(listed_bound),
         "beat_cascade": beat_cascade, "cascade_rows": cascade_rows, "floors": floors,
         "above_floor": geomean(above_floor), "at_floor": at_floor,
-        "bound_plus_floor": geomean(at_bound_plus_floor),
+        "bound_plus_floor": geomean(at_bound_plus_floor), "host_us": host_us,
     }
     return rows, summary
 
@@ -157,6 +162,9 @@ def render(run: dict, rows: list[dict], summary: dict) -> str:
             + (f" ({at_floor} timed at or under the floor left out)" if at_floor else "")
             + f"; a kernel taking the bound plus the floor would reach {summary['bound_plus_floor']:.3f} of the bound",
         ]
+    if summary["host_us"]:
+        lines.append("- host time to enqueue one call (median over the configurations; a decode step pays it per "
+                     "layer): pagoda {:.1f} µs, issue-3 kernel {:.1f} µs".format(*summary["host_us"]))
     for r in nosharing:
         lines.append(f"- `256_4096` {r['heads']}: {r['of_bound']:.3f} of the bound (target 0.95), "
                      f"{r['decode_us'] / r['us']:.3f}x the issue-3 kernel (target 0.98)")

@@ -24,8 +24,8 @@ def config(tree, q_heads, kv_heads, us, bound_us, frac, floor_us):
     return {
         "tree": tree, "q_heads": q_heads, "kv_heads": kv_heads, "unique_kv_bytes": 1e6,
         "bound": {"bound_us": bound_us, "which": "memory"},
-        "prefix": {"median_us": us, "frac": frac, "of_bound": bound_us / us},
-        "decode": {"median_us": 2 * us},
+        "prefix": {"median_us": us, "frac": frac, "of_bound": bound_us / us, "host_us": us / 4},
+        "decode": {"median_us": 2 * us, "host_us": 3.0},
         "floor": {"prefix_us": floor_us, "decode_us": floor_us + 1},
     }
 
@@ -88,6 +88,15 @@ class ComparePrefixTest(unittest.TestCase):
         self.assertAlmostEqual(s["bound_plus_floor"], BOUND_PLUS_FLOOR)
         self.assertEqual(s["at_floor"], 0)
         self.assertEqual(s["floors"]["32/8"], (5.0, 6.0))
+        self.assertEqual(s["host_us"], (5.0, 3.0))  # the median of 20 / 4, 10 / 4 and 100 / 4
+
+    def test_runs_without_host_times(self):
+        run = json.loads(json.dumps(RUN))
+        for c in run["configs"]:
+            del c["prefix"]["host_us"], c["decode"]["host_us"]
+        rows, s = compare_prefix.summarize(run, {}, {})
+        self.assertIsNone(s["host_us"])
+        self.assertNotIn("host time", compare_prefix.render(run, rows, s))
 
     def test_batch_at_the_floor_is_left_out(self):
         run = json.loads(json.dumps(RUN))
@@ -126,6 +135,7 @@ class ComparePrefixTest(unittest.TestCase):
                       f"would reach {BOUND_PLUS_FLOOR:.3f}", text)
         self.assertIn("| `1,4_64,32` | 32/32 | 1.0 | 8.0 m | 10.0 | 0.80 | 0.80 | 0.70 | 0.95 | **no** |", text)
         self.assertIn("- `256_4096` 32/8: 0.980 of the bound (target 0.95), 2.000x the issue-3 kernel", text)
+        self.assertIn("layer): pagoda 5.0 µs, issue-3 kernel 3.0 µs\n", text)
 
 
 if __name__ == "__main__":
