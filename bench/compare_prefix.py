@@ -29,8 +29,8 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import statistics
 import re
+import statistics
 import sys
 
 

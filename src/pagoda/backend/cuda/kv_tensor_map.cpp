@@ -27,22 +27,15 @@ PFN_cuTensorMapEncodeTiled_v12000 tensor_map_encoder() {
   return encode;
 }
 
-constexpr int64_t kElementBytes = 2;
-constexpr uint32_t kHalf = 64;  // elements: 128 bytes, the swizzle's span
-
 }  // namespace
 
-const char* kv_tensor_map_unsupported_reason(const PagedKv& kv) {
-  if (dtype_size(kv.dtype) != kElementBytes) return "a KV tensor map needs 2-byte elements";
-  if (kv.head_dim % kHalf != 0) return "a KV tensor map needs head_dim a multiple of 64";
-  if (kv.block_size % kKvMapBoxTokens != 0) return "a KV tensor map needs blocks of a multiple of 16 tokens";
-  return nullptr;
-}
-
 CUtensorMap kv_tensor_map(const void* pool, const PagedKv& kv) {
-  if (const char* reason = kv_tensor_map_unsupported_reason(kv)) {
-    fail(ErrorKind::kUnsupported, "{} ({} elements of head_dim {} in blocks of {} tokens)", reason,
-         dtype_name(kv.dtype), kv.head_dim, kv.block_size);
+  constexpr int64_t kElementBytes = 2;
+  constexpr uint32_t kHalf = 64;  // elements: 128 bytes, the swizzle's span
+  if (dtype_size(kv.dtype) != kElementBytes || kv.head_dim % kHalf != 0 || kv.block_size % kKvMapBoxTokens != 0) {
+    fail(ErrorKind::kUnsupported, "a KV tensor map: {} elements of head_dim {} in blocks of {} tokens (2-byte "
+         "elements, head_dim a multiple of 64, blocks of a multiple of {} tokens)",
+         dtype_name(kv.dtype), kv.head_dim, kv.block_size, kKvMapBoxTokens);
   }
   const uint32_t halves = uint32_t(kv.head_dim) / kHalf;
   const std::array<cuuint64_t, 5> dims = {kHalf, cuuint64_t(kv.block_size), halves, cuuint64_t(kv.num_kv_heads),

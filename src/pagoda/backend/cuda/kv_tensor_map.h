@@ -20,12 +20,7 @@ namespace pagoda::cuda {
 
 inline constexpr int32_t kKvMapBoxTokens = 16;  // the smallest block size: a box never spans two blocks
 
-// Null when kv's shape fits the map's box (2-byte elements, head_dim a multiple of 64, blocks of a
-// multiple of kKvMapBoxTokens tokens); otherwise why not.
-const char* kv_tensor_map_unsupported_reason(const PagedKv& kv);
-
-// pool: kv.k or kv.v. Throws pagoda::Error(kUnsupported) where the shape does not fit or the driver
-// cannot describe the pool.
+// pool: kv.k or kv.v. Throws pagoda::Error where the driver cannot describe it.
 CUtensorMap kv_tensor_map(const void* pool, const PagedKv& kv);
 
 // One layer's K and V maps, with the pools they describe: a launch checks it reads those.
