@@ -60,12 +60,14 @@ def summarize(run: dict, pat: dict[tuple[str, str], float], fi: dict) -> tuple[l
     sharing that PAT lists: the issue's target, and how many), geomean_all and shared (the same
     over all the run's batches with sharing), beat_cascade / cascade_rows, floors
     ('q/kv' -> (pagoda, issue-3 kernel) µs) and, where the run timed floors,
-    above_floor (geomean of bound / (time - floor)), at_floor (batches timed at or under it) and
-    bound_plus_floor (what a kernel taking the bound plus the floor would score), and host_us
+    above_floor (geomean of bound / (time - floor)), at_floor (batches timed at or under it),
+    bound_plus_floor (what a kernel taking the bound plus the floor would score) and past_floor
+    (the PAT targets whose time, unique bytes / (target x streaming read), is under the bound
+    plus the floor: only a launch whose fixed costs are under the floor's can meet them), and host_us
     ((pagoda, issue-3 kernel) median host µs to enqueue one call, or None for runs without it).
     """
     rows, listed_bound, shared_bound, met, total_targets, beat_cascade, cascade_rows = [], [], [], 0, 0, 0, 0
-    above_floor, at_bound_plus_floor, floors, at_floor = [], [], {}, 0
+    above_floor, at_bound_plus_floor, floors, at_floor, past_floor = [], [], {}, 0, []
     for c in run["configs"]:
         key = (c["tree"], f"{c['q_heads']}/{c['kv_heads']}")
         sharing = "_" in c["tree"] and "," in c["tree"].split("_")[0]
@@ -90,6 +92,9 @@ def summarize(run: dict, pat: dict[tuple[str, str], float], fi: dict) -> tuple[l
                     above_floor.append(bound / (c["prefix"]["median_us"] - floor))
                 else:  # a batch timed at or under the floor has no time above it to compare
                     at_floor += 1
+                # frac x time is unique bytes / streaming read, whatever the time was
+                if target is not None and frac * c["prefix"]["median_us"] / target < bound + floor:
+                    past_floor.append(f"`{key[0]}` {key[1]}")
         f = fi.get(key, {})
         cascade = f.get("cascade_us")
         speedup = cascade / c["prefix"]["median_us"] if cascade else None
@@ -111,7 +116,7 @@ def summarize(run: dict, pat: dict[tuple[str, str], float], fi: dict) -> tuple[l
         "geomean_all": geomean(shared_bound), "shared": len(shared_bound), "listed": len(listed_bound),
         "beat_cascade": beat_cascade, "cascade_rows": cascade_rows, "floors": floors,
         "above_floor": geomean(above_floor), "at_floor": at_floor,
-        "bound_plus_floor": geomean(at_bound_plus_floor), "host_us": host_us,
+        "bound_plus_floor": geomean(at_bound_plus_floor), "past_floor": past_floor, "host_us": host_us,
     }
     return rows, summary
 
@@ -162,6 +167,10 @@ def render(run: dict, rows: list[dict], summary: dict) -> str:
             + (f" ({at_floor} timed at or under the floor left out)" if at_floor else "")
             + f"; a kernel taking the bound plus the floor would reach {summary['bound_plus_floor']:.3f} of the bound",
         ]
+    if summary["past_floor"]:
+        lines.append(f"- PAT targets whose time is under the bound plus the launch floor (only a launch whose fixed "
+                     f"costs are under the floor's meets them): {len(summary['past_floor'])} "
+                     f"({', '.join(summary['past_floor'])})")
     if summary["host_us"]:
         lines.append("- host time to enqueue one call (median over the configurations; a decode step pays it per "
                      "layer): pagoda {:.1f} µs, issue-3 kernel {:.1f} µs".format(*summary["host_us"]))

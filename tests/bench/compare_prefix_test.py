@@ -89,6 +89,8 @@ class ComparePrefixTest(unittest.TestCase):
         self.assertEqual(s["at_floor"], 0)
         self.assertEqual(s["floors"]["32/8"], (5.0, 6.0))
         self.assertEqual(s["host_us"], (5.0, 3.0))  # the median of 20 / 4, 10 / 4 and 100 / 4
+        # The target times: 0.50 x 20 / 0.45 = 22.2 against 10 + 5; 0.80 x 10 / 0.95 = 8.4 against 8 + 5.
+        self.assertEqual(s["past_floor"], ["`1,4_64,32` 32/32"])
 
     def test_runs_without_host_times(self):
         run = json.loads(json.dumps(RUN))
@@ -136,6 +138,7 @@ class ComparePrefixTest(unittest.TestCase):
         self.assertIn("| `1,4_64,32` | 32/32 | 1.0 | 8.0 m | 10.0 | 0.80 | 0.80 | 0.70 | 0.95 | **no** |", text)
         self.assertIn("- `256_4096` 32/8: 0.980 of the bound (target 0.95), 2.000x the issue-3 kernel", text)
         self.assertIn("layer): pagoda 5.0 µs, issue-3 kernel 3.0 µs\n", text)
+        self.assertIn("are under the floor's meets them): 1 (`1,4_64,32` 32/32)\n", text)
 
 
 if __name__ == "__main__":
