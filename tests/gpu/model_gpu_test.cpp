@@ -114,8 +114,10 @@ TEST(GpuModel, RandomLlama3AndQwen25ShapesMatchTheCpuBackend) {
 }
 
 // Decode steps over a shared prefix, as after prefix-cache hits: three sequences read the blocks
-// of one 40-token prompt prefix and then their own. The GPU with prefix-aware attention, the GPU
-// with paged attention and the CPU backend give the same logits at every step.
+// of one 40-token prompt prefix and then their own, in a different order at each step. The GPU
+// with prefix-aware attention, replayed as CUDA graphs (padded to 4 rows, with the plan's merges)
+// or launched op by op, the GPU with paged attention and the CPU backend give the same logits at
+// every step: a replay that attended by a stale plan would give some row another's output.
 TEST(GpuModel, PrefixAttentionMatchesPagedAttentionAndTheCpu) {
   if (!cuda::device_available()) GTEST_SKIP() << "no CUDA device";
   const fs::path dir = fs::temp_directory_path() / "pagoda-gpu-test-prefix";
@@ -149,7 +151,7 @@ TEST(GpuModel, PrefixAttentionMatchesPagedAttentionAndTheCpu) {
     for (int step = 0; step < 12; ++step) {  // decode: every row attends over the shared prefix
       std::vector<std::vector<int32_t>> next(3);
       std::vector<SequenceChunk> chunks;
-      for (size_t s = 0; s < 3; ++s) {
+      for (size_t s : {size_t(step) % 3, size_t(step + 1) % 3, size_t(step + 2) % 3}) {
         next[s] = {int32_t((step * 7 + s * 13) % 256)};
         chunks.push_back({.tokens = next[s], .start_pos = lengths[s], .block_ids = tables[s], .want_logits = true});
         ++lengths[s];
@@ -162,17 +164,27 @@ TEST(GpuModel, PrefixAttentionMatchesPagedAttentionAndTheCpu) {
   };
   CpuBackend cpu_backend;
   CudaBackend prefix_backend(DType::kF16), paged_backend(DType::kF16);
-  int64_t cpu_steps = 0, prefix_steps = 0, paged_steps = 0;
+  CudaBackend eager_backend(DType::kF16, CudaBackendOptions{.graphs = false});
+  int64_t cpu_steps = 0, prefix_steps = 0, eager_steps = 0, paged_steps = 0;
   const auto cpu = run(cpu_backend, LoadOptions::Attention::kPaged, &cpu_steps);
   const auto prefix_logits = run(prefix_backend, LoadOptions::Attention::kPrefix, &prefix_steps);
+  const auto eager = run(eager_backend, LoadOptions::Attention::kPrefix, &eager_steps);
   const auto paged = run(paged_backend, LoadOptions::Attention::kPaged, &paged_steps);
   EXPECT_EQ(prefix_steps, 12);
+  EXPECT_EQ(eager_steps, 12);
   EXPECT_EQ(paged_steps, 0);
-  const double vs_paged = worst_diff(prefix_logits, paged), vs_cpu = worst_diff(prefix_logits, cpu);
-  std::printf("  prefix attention: max |prefix - paged| = %.2e, |prefix - cpu| = %.2e of the logit range\n", vs_paged,
-              vs_cpu);
+  // The first decode step is launched and captured, the other 11 replayed.
+  EXPECT_EQ(prefix_backend.graph_stats().captures, 1);
+  EXPECT_EQ(prefix_backend.graph_stats().replays, 11);
+  EXPECT_EQ(eager_backend.graph_stats().replays, 0);
+  const double vs_paged = worst_diff(prefix_logits, paged), vs_cpu = worst_diff(prefix_logits, cpu),
+               eager_vs_cpu = worst_diff(eager, cpu);
+  std::printf("  prefix attention: max |prefix - paged| = %.2e, |prefix - cpu| = %.2e, |prefix op by op - cpu| = "
+              "%.2e of the logit range\n",
+              vs_paged, vs_cpu, eager_vs_cpu);
   EXPECT_LE(vs_paged, kLogitTolerance);
   EXPECT_LE(vs_cpu, kLogitTolerance);
+  EXPECT_LE(eager_vs_cpu, kLogitTolerance);
   fs::remove_all(dir);
 }
 
@@ -324,9 +336,9 @@ TEST_F(GpuEngine, GraphReplayEqualsEagerLaunches) {
     return out;
   };
   const auto eager = run_all(false);
-  const int64_t replays_before = backend_->graph_replays();
+  const int64_t replays_before = backend_->graph_stats().replays;
   const auto replayed = run_all(true);
-  EXPECT_GT(backend_->graph_replays() - replays_before, 16) << "decode steps were not replayed from graphs";
+  EXPECT_GT(backend_->graph_stats().replays - replays_before, 16) << "decode steps were not replayed from graphs";
   EXPECT_EQ(replayed, eager);
 }
 

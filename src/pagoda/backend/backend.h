@@ -57,8 +57,9 @@ struct StepBatch {
   // Non-null: they attend by this prefix-aware plan instead, the model's PrefixPlanner's, valid
   // until the model plans its next step.
   const attention::PrefixPlan* prefix_plan = nullptr;
-  // > 0: a decode-only step padded to this many rows (padding rows have no sequence, store no
-  // K/V and attend to nothing) so that a backend can replay one CUDA graph per padded size.
+  // > 0: a decode-only step padded to this many rows (padding rows store no K/V, and their
+  // attention output and logits go unused) so that a backend can replay one CUDA graph per padded
+  // size and attention kind.
   int32_t graph_rows = 0;
 
   int64_t num_rows() const { return int64_t(tokens.size()); }
@@ -138,14 +139,21 @@ class Backend {
     return std::nullopt;
   }
 
-  // Decode-only steps of `rows` sequences whose plan does not split KV are padded to this many
-  // rows and run through run_graph; 0: never (the CPU backend).
+  // Decode-only steps of `rows` sequences are padded to this many rows and run through
+  // run_graph (under paged attention, where the padded plan splits no KV); 0: never (the CPU
+  // backend).
   virtual int32_t graph_rows(int32_t /*rows*/) const { return 0; }
   // Runs body, which issues one padded decode step's ops. A GPU backend runs it and captures it
-  // the first time a key is seen, and replays the capture after: ops inside must depend on
-  // nothing but the StepBatch given to begin_step and buffers that outlive the graph. The
-  // default just runs it.
+  // the first time a key is seen (and the step's attention launches have a new shape), and
+  // replays the capture after: ops inside must depend on nothing but the StepBatch given to
+  // begin_step and buffers that outlive the graph. The default just runs it.
   virtual void run_graph(int32_t /*key*/, const std::function<void()>& body) { body(); }
+  // Steps run_graph captured and replayed so far.
+  struct GraphStats {
+    int64_t captures = 0;
+    int64_t replays = 0;
+  };
+  virtual GraphStats graph_stats() const { return {}; }
 
   // Whether sample() is available; when not, the engine samples downloaded logits on the host.
   virtual bool can_sample() const { return false; }

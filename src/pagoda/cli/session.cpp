@@ -37,7 +37,7 @@ DType parse_weight_dtype(const std::string& name, const Checkpoint& checkpoint) 
 
 }  // namespace
 
-std::unique_ptr<Backend> make_backend(const std::string& name, DType dtype) {
+std::unique_ptr<Backend> make_backend(const std::string& name, DType dtype, bool graphs) {
   if (name != "auto" && name != "cpu" && name != "cuda")
     fail(ErrorKind::kInvalidArgument, "--backend must be auto, cpu or cuda, not '{}'", name);
 #ifdef PAGODA_HAVE_CUDA
@@ -46,9 +46,10 @@ std::unique_ptr<Backend> make_backend(const std::string& name, DType dtype) {
       if (name == "cuda") fail(ErrorKind::kInvalidArgument, "the CUDA backend runs f16 or bf16 weights, not f32");
       return std::make_unique<CpuBackend>();
     }
-    return std::make_unique<CudaBackend>(dtype);
+    return std::make_unique<CudaBackend>(dtype, CudaBackendOptions{.graphs = graphs});
   }
 #else
+  (void)graphs;
   if (name == "cuda") fail(ErrorKind::kUnsupported, "--backend cuda: this pagoda was built without CUDA");
 #endif
   return std::make_unique<CpuBackend>();
@@ -62,7 +63,9 @@ void add_model_flags(CLI::App& app, ModelFlags& flags) {
                  "the GPU, of every weight and activation");
   app.add_option("--attention", flags.attention,
                  "decode attention: paged (a work item per sequence), prefix (prefix-aware packing: blocks the "
-                 "batch shares are read once), or auto (default: prefix when packing halves the KV a step reads)");
+                 "batch shares are read once), or auto (default: prefix when the step's sequences share blocks)");
+  app.add_flag("--enforce-eager", flags.enforce_eager,
+               "on the GPU, launch every op at every step instead of replaying decode steps as CUDA graphs");
   app.add_option("-t,--threads", flags.threads, "CPU threads (default: all cores)");
   app.add_option("--kv-memory-mb", flags.kv_memory_mb, "memory for the KV cache in MiB (default 1024)");
   app.add_option("--max-batch", flags.max_batch, "sequences in flight (default 16)");
@@ -114,7 +117,7 @@ Session::Session(const ModelFlags& flags)
   } else if (flags.attention != "auto") {
     fail(ErrorKind::kInvalidArgument, "--attention must be auto, paged or prefix, not '{}'", flags.attention);
   }
-  backend = make_backend(flags.backend, weight_dtype);
+  backend = make_backend(flags.backend, weight_dtype, !flags.enforce_eager);
   model = std::make_unique<Model>(checkpoint, *backend, LoadOptions{.weight_dtype = weight_dtype, .attention = attention});
   engine_options = EngineOptions{.kv_memory_bytes = size_t(flags.kv_memory_mb) << 20,
                                  .max_batch = flags.max_batch,

@@ -22,6 +22,7 @@ struct ModelFlags {
   std::string backend = "auto";  // cpu, cuda, or auto: cuda when built with it and a GPU is present
   std::string weight_dtype = "auto";  // f16, bf16, f32, or auto: see add_model_flags
   std::string attention = "auto";     // auto, paged or prefix (LoadOptions::Attention)
+  bool enforce_eager = false;         // the GPU launches every op at every step: no CUDA graphs
   int threads = 0;   // 0: all cores
   int kv_memory_mb = 1024;
   int max_batch = 16;
@@ -33,8 +34,9 @@ void add_model_flags(CLI::App& app, ModelFlags& flags);
 // -n binds to params.max_tokens, whose current value is the command's default.
 void add_sampling_flags(CLI::App& app, SamplingParams& params);
 
-// The backend --backend names; on the GPU, dtype is the type of weights, activations and KV.
-std::unique_ptr<Backend> make_backend(const std::string& name, DType dtype);
+// The backend --backend names; on the GPU, dtype is the type of weights, activations and KV, and
+// graphs whether decode steps are replayed as CUDA graphs.
+std::unique_ptr<Backend> make_backend(const std::string& name, DType dtype, bool graphs = true);
 
 // The chat format named by --chat-template, else the one the model's template implements; throws
 // Error(kUnsupported) when the model's template is not one pagoda recognises.

@@ -88,16 +88,6 @@ static bool shares_blocks(const attention::DecodeBatch& batch) {
   return std::adjacent_find(first.begin(), first.end()) != first.end();
 }
 
-// Whether the prefix plan reads at most half the KV tokens that one item per sequence would. auto
-// asks for that much: below it the paged kernel, replayed as a CUDA graph and faster on short
-// private tails, wins (a Mooncake trace replay on an H100 was 1.9% slower in TPOT with prefix
-// attention on every step that shared a block; bench/results/nvidia-h100-80gb-hbm3/README.md).
-static bool reads_at_most_half(const attention::PrefixPlan& plan, const attention::DecodeBatch& batch) {
-  int64_t unpacked = 0;
-  for (int32_t length : batch.kv_lengths) unpacked += length;
-  return 2 * attention::plan_kv_tokens(plan) <= unpacked;
-}
-
 StepBatch Model::plan_step(std::span<const SequenceChunk> chunks) {
   StepBatch step;
   step.shape = attention_shape();
@@ -148,34 +138,40 @@ StepBatch Model::plan_step(std::span<const SequenceChunk> chunks) {
 
   const int32_t num_decode = step.decode_batch.num_seqs();
   if (num_decode == 0) return step;
+  // A decode-only step the backend replays as a graph is padded to the graph's size with rows
+  // that store nothing.
+  const int32_t graph_rows = step.prefill_seqs.empty() && all_want_logits ? backend_.graph_rows(num_decode) : 0;
+  auto pad_rows = [&] {
+    step.graph_rows = graph_rows;
+    for (int32_t r = num_decode; r < graph_rows; ++r) {
+      step.tokens.push_back(0);
+      step.positions.push_back(0);
+      step.slot_blocks.push_back(-1);
+      step.logit_rows.push_back(r);
+    }
+  };
+  // auto: prefix-aware where the batch shares blocks. Replayed as CUDA graphs like paged steps,
+  // Llama-3-8B's decode steps of 64 sequences on an H100 took 1-2% longer prefix-aware where
+  // nothing was shared (the planning's host time, mostly), and 19% less where the prompts shared
+  // 2048 of 2560 tokens (bench/results/nvidia-h100-80gb-hbm3/engine_attention/).
   if (prefix_planner_ &&
       (attention_mode_ == LoadOptions::Attention::kPrefix || shares_blocks(step.decode_batch))) {
-    const attention::PrefixPlan& plan = prefix_planner_->plan(step.decode_batch);
-    if (attention_mode_ == LoadOptions::Attention::kPrefix || reads_at_most_half(plan, step.decode_batch)) {
-      step.prefix_plan = &plan;  // not replayed as a graph: the plan's items change from step to step
-      ++prefix_steps_;
-      return step;
-    }
+    step.prefix_plan = &prefix_planner_->plan(step.decode_batch);  // of the real rows, not the padding
+    ++prefix_steps_;
+    if (graph_rows >= num_decode) pad_rows();
+    return step;
   }
   const attention::DeviceInfo device = backend_.device_info();
-  // A decode-only step the backend replays as a graph: padded to the graph's size with rows
-  // that store nothing and attend to nothing, as long as the padded plan needs no split (a graph
-  // fixes the number of work items and has no merge).
-  const int32_t graph_rows = step.prefill_seqs.empty() && all_want_logits ? backend_.graph_rows(num_decode) : 0;
   if (graph_rows >= num_decode) {
+    // Here the padding rows are sequences of no KV, as long as the padded plan needs no split (a
+    // graph fixes the number of the paged kernel's work items and has no merge).
     attention::DecodeBatch padded = step.decode_batch;
     for (int32_t r = num_decode; r < graph_rows; ++r) padded.add_sequence({}, 0);
     attention::DecodePlan plan = attention::plan_decode(padded, step.shape, device);
     if (plan.merges.empty()) {
       step.decode_batch = std::move(padded);
       step.decode_plan = std::move(plan);
-      step.graph_rows = graph_rows;
-      for (int32_t r = num_decode; r < graph_rows; ++r) {
-        step.tokens.push_back(0);
-        step.positions.push_back(0);
-        step.slot_blocks.push_back(-1);
-        step.logit_rows.push_back(r);
-      }
+      pad_rows();
       return step;
     }
   }

@@ -37,8 +37,7 @@ struct LoadOptions {
   bool show_progress = true;
   // How decode steps attend: kPaged, one work item per sequence (split when the batch is small);
   // kPrefix, prefix-aware packing (attention/prefix_plan.h), so that blocks the batch shares are
-  // read once; kAuto, prefix packing when the backend can and its plan reads at most half the KV
-  // tokens of one item per sequence.
+  // read once; kAuto, prefix packing when the backend can and the step's sequences share blocks.
   enum class Attention : uint8_t { kAuto, kPaged, kPrefix };
   Attention attention = Attention::kAuto;
 };

@@ -33,16 +33,11 @@ DType checked(DType dtype) {
   return dtype;
 }
 
-// Room for n elements, grown geometrically so that the device pointer (which captured graphs
-// hold) rarely moves.
-template <typename T>
-void make_room(cuda::DeviceArray<T>& array, size_t n) {
-  if (n > array.capacity()) array.reserve(std::max(n, 2 * array.capacity()));
-}
-
+// Uploads host, growing the array geometrically: the device pointer, which captured graphs
+// hold, rarely moves.
 template <typename T>
 void put(cuda::DeviceArray<T>& array, std::span<const T> host, cudaStream_t stream) {
-  make_room(array, host.size());
+  array.make_room(host.size());
   array.upload(host, stream);
 }
 
@@ -98,10 +93,11 @@ void CudaBackend::begin_step(const StepBatch& step) {
     if (kv_maps_.empty()) {
       for (const PagedKv& layer : kv_layers_) kv_maps_.push_back(cuda::kv_tensor_maps(layer));
     }
-    prefix_.upload(*step.prefix_plan, step.decode_batch, step.shape, *prefix_tiles_, stream_);
+    // For a graph's step, launches that stay the same from step to step.
+    prefix_.upload(*step.prefix_plan, step.decode_batch, step.shape, *prefix_tiles_, stream_, step.graph_rows);
   } else if (num_decode_ > 0) {
-    make_room(decode_.items, step.decode_plan.items.size());
-    make_room(decode_.block_ids, step.decode_batch.block_ids.size());
+    decode_.items.make_room(step.decode_plan.items.size());
+    decode_.block_ids.make_room(step.decode_batch.block_ids.size());
     decode_.upload(step.decode_plan, step.decode_batch, step.shape, stream_);
   }
   has_prefill_ = !step.prefill_seqs.empty();
@@ -117,10 +113,17 @@ void CudaBackend::begin_step(const StepBatch& step) {
     prefill_.upload(chunks, block_ids, step.shape, stream_);
   }
 
-  // A graph replays the pointers it was captured with: when any of them moved, capture anew.
-  const std::vector<const void*> inputs = {tokens_.data(),         positions_.data(),       slot_blocks_.data(),
-                                           logit_rows_.data(),     rope_inv_freq_.data(),   decode_.items.data(),
-                                           decode_.block_ids.data()};
+  // A graph replays the pointers and counts it was captured with: when any of them changed,
+  // capture anew. The counts change only as their arrays grow, but a grown array may come back
+  // at the same address.
+  const auto at = [](const void* p) { return reinterpret_cast<uintptr_t>(p); };
+  const std::vector<uintptr_t> inputs = {
+      at(tokens_.data()),           at(positions_.data()),          at(slot_blocks_.data()),
+      at(logit_rows_.data()),       at(rope_inv_freq_.data()),      at(decode_.items.data()),
+      at(decode_.block_ids.data()), at(prefix_.slot_units.data()),  at(prefix_.slot_heads.data()),
+      at(prefix_.unit_queries.data()), at(prefix_.tail_tiles.data()), at(prefix_.block_ids.data()),
+      at(prefix_.merges.data()),    at(prefix_.partial_o.data()),   at(prefix_.partial_lse.data()),
+      uintptr_t(prefix_.num_slots), uintptr_t(prefix_.piece_stride)};
   if (inputs != graph_inputs_) {
     drop_graphs();
     graph_inputs_ = inputs;
@@ -247,9 +250,11 @@ int32_t CudaBackend::graph_rows(int32_t rows) const {
 }
 
 void CudaBackend::run_graph(int32_t key, const std::function<void()>& body) {
-  if (auto it = graphs_.find(key); it != graphs_.end()) {
+  // Per key, one graph per attention kind and launch shape: paged, or prefix and its merge's.
+  const int64_t graph_key = int64_t(key) * 16 + (prefix_step_ ? 1 + prefix_.graph_shape() : 0);
+  if (auto it = graphs_.find(graph_key); it != graphs_.end()) {
     cuda::check_cuda(cudaGraphLaunch(it->second, stream_), "cudaGraphLaunch");
-    ++graph_replays_;
+    ++graph_stats_.replays;
     return;
   }
   // First time: run the step eagerly (which also does every first-use setup, such as choosing
@@ -270,7 +275,8 @@ void CudaBackend::run_graph(int32_t key, const std::function<void()>& body) {
   const cudaError_t status = cudaGraphInstantiate(&exec, graph, 0);
   cudaGraphDestroy(graph);
   cuda::check_cuda(status, "cudaGraphInstantiate");
-  graphs_.emplace(key, exec);
+  graphs_.emplace(graph_key, exec);
+  ++graph_stats_.captures;
 }
 
 void CudaBackend::drop_graphs() {

@@ -65,6 +65,7 @@ class CudaBackend final : public Backend {
 
   int32_t graph_rows(int32_t rows) const override;
   void run_graph(int32_t key, const std::function<void()>& body) override;
+  GraphStats graph_stats() const override { return graph_stats_; }
 
   bool can_sample() const override { return true; }
   void sample(const Tensor& logits, int32_t vocab, std::span<const SamplingRow> rows,
@@ -74,8 +75,6 @@ class CudaBackend final : public Backend {
   // Switches graph capture and replay on or off (tests compare the two on one backend, whose
   // GEMM algorithm choices then stay the same).
   void enable_graphs(bool on) { options_.graphs = on; }
-  // Steps replayed from a captured graph so far.
-  int64_t graph_replays() const { return graph_replays_; }
 
  private:
   void check_dtype(const Tensor& t, const char* what) const;
@@ -108,9 +107,9 @@ class CudaBackend final : public Backend {
   cuda::DeviceArray<cuda::SampleRow> sample_rows_;
   cuda::DeviceArray<int32_t> sampled_;
 
-  std::map<int32_t, cudaGraphExec_t> graphs_;
-  int64_t graph_replays_ = 0;
-  std::vector<const void*> graph_inputs_;  // the metadata pointers the graphs were captured with
+  std::map<int64_t, cudaGraphExec_t> graphs_;
+  GraphStats graph_stats_;
+  std::vector<uintptr_t> graph_inputs_;  // the metadata addresses and counts the graphs were captured with
 };
 
 }  // namespace pagoda

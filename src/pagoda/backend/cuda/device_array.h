@@ -4,6 +4,7 @@
 
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <cstddef>
 #include <span>
 #include <type_traits>
@@ -53,6 +54,12 @@ class DeviceArray {
     const size_t size = size_;
     resize(capacity);
     size_ = size;
+  }
+
+  // Room for `size` elements, grown to at least twice the old capacity when it must grow, so
+  // that an array uploaded every step with a changing size rarely moves.
+  void make_room(size_t size) {
+    if (size > capacity_) reserve(std::max(size, 2 * capacity_));
   }
 
   // Resizes to host.size() and copies host in (asynchronous on `stream` for pinned host memory,

@@ -51,12 +51,13 @@ __global__ void __launch_bounds__(kWarps * 32, 4)
   const bool shared_row = warps_per_row > 1;  // uniform over the CTA: every warp meets the barrier
   if (warp_row >= num_rows && !shared_row) return;
   const int64_t row_index = warp_row + sub;
-  const bool has_row = row_index < num_rows;
 
   // Row index -> (task, kv head of the task, row r of the group): consecutive rows of one task
-  // are adjacent partial rows.
-  const int64_t task_row = has_row ? row_index : 0;
+  // are adjacent partial rows. A task of sequence -1 writes nothing (a CUDA graph's launch is
+  // padded with them to a fixed count).
+  const int64_t task_row = row_index < num_rows ? row_index : 0;
   const attention::MergeTask task = merges[task_row / group / heads_per_task];
+  const bool has_row = row_index < num_rows && task.seq >= 0;
   const int head = int(task_row / group % heads_per_task);
   const int r = int(task_row % group);
   const int64_t row = int64_t(task.seq) * num_q_heads + int64_t(task.kv_head + head) * group + r;
@@ -150,6 +151,22 @@ __global__ void __launch_bounds__(kWarps * 32, 4)
 
 }  // namespace
 
+// A warp per row while a row has a few batches of partials, more for long splits. A small merge
+// (a batch of a few sequences split into many pieces) is all latency: it gets a warp per batch,
+// as long as that keeps it within one wave (an H100 holds 4224 of these warps).
+int merge_warps_per_row(int num_merges, int heads_per_task, int group, int head_dim, int max_partials) {
+  constexpr int64_t kSmallMergeWarps = 4096;
+  const int64_t num_rows = int64_t(num_merges) * heads_per_task * group;
+  const int warp_rows = rows_per_warp(head_dim);
+  const int64_t row_warps = (num_rows + warp_rows - 1) / warp_rows;
+  int warps_per_row = 1;
+  while (warps_per_row < kWarps && warps_per_row * kBatch < max_partials &&
+         (warps_per_row * 2 * kBatch < max_partials || row_warps * warps_per_row * 2 <= kSmallMergeWarps)) {
+    warps_per_row *= 2;
+  }
+  return warps_per_row;
+}
+
 void merge_partial_states(const attention::MergeTask* merges, int num_merges, int max_partials, int heads_per_task,
                           int64_t head_slot_stride, int group,
                           int num_q_heads, int head_dim, const void* partial_o,
@@ -167,18 +184,9 @@ void merge_partial_states(const attention::MergeTask* merges, int num_merges, in
   attribute.id = cudaLaunchAttributeProgrammaticStreamSerialization;
   attribute.val.programmaticStreamSerializationAllowed = 1;
   cudaLaunchConfig_t config{};
-  // A warp per row while a row has a few batches of partials, more for long splits. A small
-  // merge (a batch of a few sequences split into many pieces) is all latency: it gets a warp per
-  // batch, as long as that keeps it within one wave (an H100 holds 4224 of these warps).
-  constexpr int64_t kSmallMergeWarps = 4096;
   const int64_t num_rows = int64_t(num_merges) * heads_per_task * group;
   const int warp_rows = rows_per_warp(head_dim);
-  const int64_t row_warps = (num_rows + warp_rows - 1) / warp_rows;
-  int warps_per_row = 1;
-  while (warps_per_row < kWarps && warps_per_row * kBatch < max_partials &&
-         (warps_per_row * 2 * kBatch < max_partials || row_warps * warps_per_row * 2 <= kSmallMergeWarps)) {
-    warps_per_row *= 2;
-  }
+  const int warps_per_row = merge_warps_per_row(num_merges, heads_per_task, group, head_dim, max_partials);
   const int64_t rows_per_cta = int64_t(kWarps / warps_per_row) * warp_rows;
   config.gridDim = dim3(unsigned((num_rows + rows_per_cta - 1) / rows_per_cta));
   config.blockDim = dim3(kWarps * 32);

@@ -345,42 +345,73 @@ PrefixSchedule prefix_schedule(const std::vector<KernelUnit>& units, int32_t num
 
 void PrefixWorkspace::upload(const attention::PrefixPlan& plan, const attention::DecodeBatch& batch,
                              const attention::AttentionShape& shape, const PrefixTiles& tiles,
-                             cudaStream_t stream) {
+                             cudaStream_t stream, int32_t graph_rows) {
   check_plan(plan, batch, shape, tiles);
   const KernelUnits kernel = kernel_units(plan, batch.block_ids, shape.block_size, tiles.one_tile_rows);
   const int64_t num_items = int64_t(kernel.units.size()) * shape.num_kv_heads;
   if (num_items > INT32_MAX) fail(ErrorKind::kInvalidArgument, "prefix attention: {} work items", num_items);
   const PrefixSchedule plan_schedule = prefix_schedule(kernel.units, shape.num_kv_heads, tiles.workers);
-  if (plan_schedule.slots.size() > size_t(INT32_MAX)) {
-    fail(ErrorKind::kInvalidArgument, "prefix attention: a schedule of {} slots", plan_schedule.slots.size());
-  }
   // Each slot's unit and kv head, so that the kernel reads them with two independent loads rather
-  // than the item and then its unit: a round trip less before a CTA's first tile.
-  std::vector<KernelUnit> units_by_slot(plan_schedule.slots.size());
-  std::vector<int32_t> heads_by_slot(plan_schedule.slots.size(), -1);
+  // than the item and then its unit: a round trip less before a CTA's first tile. CTA c's n-th
+  // item moves from the schedule's slot c + n * ctas to c + n * grid.
+  ctas = plan_schedule.ctas;
+  grid = graph_rows > 0 ? tiles.workers : ctas;
+  const size_t rounds = ctas > 0 ? plan_schedule.slots.size() / size_t(ctas) : 0;
+  const size_t used_slots = rounds * size_t(grid);
+  if (used_slots > size_t(INT32_MAX) / 2) {  // room to grow twofold within PrefixParams::num_slots
+    fail(ErrorKind::kInvalidArgument, "prefix attention: a schedule of {} slots", used_slots);
+  }
+  slot_units.make_room(used_slots);
+  slot_heads.make_room(used_slots);
+  num_slots = int32_t(std::min(slot_units.capacity(), slot_heads.capacity()));
+  // Slots past used_slots keep whatever units they held: the kernel uses no unit whose head is -1.
+  std::vector<KernelUnit> units_by_slot(used_slots);
+  std::vector<int32_t> heads_by_slot(size_t(num_slots), -1);
   for (size_t slot = 0; slot < plan_schedule.slots.size(); ++slot) {
     const int32_t item = plan_schedule.slots[slot];
     if (item < 0) continue;
-    units_by_slot[slot] = kernel.units[size_t(item / shape.num_kv_heads)];
-    heads_by_slot[slot] = item % shape.num_kv_heads;
+    const size_t at = slot % size_t(ctas) + slot / size_t(ctas) * size_t(grid);
+    units_by_slot[at] = kernel.units[size_t(item / shape.num_kv_heads)];
+    heads_by_slot[at] = item % shape.num_kv_heads;
   }
   slot_units.upload(units_by_slot, stream);
   slot_heads.upload(heads_by_slot, stream);
-  ctas = plan_schedule.ctas;
+  unit_queries.make_room(kernel.queries.size());
   unit_queries.upload(kernel.queries, stream);
+  tail_tiles.make_room(kernel.tail_tiles.size());
   tail_tiles.upload(kernel.tail_tiles, stream);
-  merges.upload(plan.merges, stream);
+  if (graph_rows > 0 && !plan.merges.empty()) {
+    if (plan.merges.size() > size_t(graph_rows)) {
+      fail(ErrorKind::kInvalidArgument, "prefix attention: {} merge tasks, more than the graph's {} rows",
+           plan.merges.size(), graph_rows);
+    }
+    std::vector<attention::MergeTask> padded = plan.merges;
+    padded.resize(size_t(graph_rows), attention::MergeTask{.seq = -1, .kv_head = 0, .partial_begin = 0,
+                                                            .num_partials = 0});
+    merges.make_room(padded.size());
+    merges.upload(padded, stream);
+  } else {
+    merges.make_room(plan.merges.size());
+    merges.upload(plan.merges, stream);
+  }
   max_partials = attention::max_partials(plan.merges);
+  block_ids.make_room(batch.block_ids.size());
   block_ids.upload(batch.block_ids, stream);
   group_size = shape.num_kv_heads > 0 ? shape.group_size() : 0;
   head_dim = shape.head_dim;
-  num_pieces = plan.num_pieces;
+  if (plan.num_pieces > piece_stride) piece_stride = std::max(plan.num_pieces, 2 * piece_stride);
   num_kv_heads = shape.num_kv_heads;
   const size_t group = size_t(std::max(group_size, 1));
-  partial_o.resize(size_t(plan.num_partials()) * group * size_t(std::max(head_dim, 0)));
-  partial_lse.resize(size_t(plan.num_partials()) * group);
+  const size_t partials = size_t(piece_stride) * size_t(std::max(num_kv_heads, 0));
+  partial_o.resize(partials * group * size_t(std::max(head_dim, 0)));
+  partial_lse.resize(partials * group);
   max_block_id = batch.block_ids.empty() ? -1 : *std::ranges::max_element(batch.block_ids);
   min_block_id = batch.block_ids.empty() ? 0 : *std::ranges::min_element(batch.block_ids);
+}
+
+int32_t PrefixWorkspace::graph_shape() const {
+  if (merges.size() == 0) return 0;
+  return merge_warps_per_row(int(merges.size()), num_kv_heads, group_size, head_dim, max_partials);
 }
 
 void prefix_attention(PrefixWorkspace& workspace, const attention::AttentionShape& shape, const PagedKv& kv,
@@ -399,7 +430,7 @@ void prefix_attention(PrefixWorkspace& workspace, const attention::AttentionShap
     const PrefixParams params{
         .slot_units = workspace.slot_units.data(),
         .slot_heads = workspace.slot_heads.data(),
-        .num_slots = int32_t(workspace.slot_heads.size()),
+        .num_slots = workspace.num_slots,
         .unit_queries = workspace.unit_queries.data(),
         .tail_tiles = workspace.tail_tiles.data(),
         .block_ids = workspace.block_ids.data(),
@@ -413,13 +444,13 @@ void prefix_attention(PrefixWorkspace& workspace, const attention::AttentionShap
         .partial_lse = workspace.partial_lse.data(),
         .num_q_heads = shape.num_q_heads,
         .group = shape.group_size(),
-        .num_pieces = workspace.num_pieces,
+        .piece_stride = workspace.piece_stride,
         .scale_log2 = shape.softmax_scale * std::numbers::log2e_v<float>,
     };
-    launch_prefix_tiled(kv.dtype, shape.head_dim, params, workspace.ctas, stream);
+    launch_prefix_tiled(kv.dtype, shape.head_dim, params, workspace.grid, stream);
   }
   merge_partial_states(workspace.merges.data(), int(workspace.merges.size()), workspace.max_partials,
-                       shape.num_kv_heads, workspace.num_pieces, shape.group_size(), shape.num_q_heads,
+                       shape.num_kv_heads, workspace.piece_stride, shape.group_size(), shape.num_q_heads,
                        shape.head_dim, workspace.partial_o.data(), workspace.partial_lse.data(), kv.dtype, out,
                        lse, stream);
 }

@@ -101,29 +101,43 @@ struct PrefixSchedule {
 PrefixSchedule prefix_schedule(const std::vector<KernelUnit>& units, int32_t num_kv_heads, int32_t workers);
 
 // What a step's prefix attention reads from device memory, uploaded once per step and shared by
-// every layer.
+// every layer. Uploaded for a CUDA graph's step (CudaBackend), the launches stay the same from
+// step to step but for the merge's shape (graph_shape()): the grid is the tiles' workers (CTAs
+// past the schedule's find no item), the slots and the partial states' stride per kv head are
+// capacities, and the arrays grow geometrically, keeping their addresses until they must grow.
 struct PrefixWorkspace {
-  DeviceArray<KernelUnit> slot_units;  // PrefixParams::slot_units
-  DeviceArray<int32_t> slot_heads;     // PrefixParams::slot_heads
+  DeviceArray<KernelUnit> slot_units;  // PrefixParams::slot_units: the schedule's, strided by grid
+  DeviceArray<int32_t> slot_heads;     // PrefixParams::slot_heads, -1 past the schedule's
   DeviceArray<attention::UnitQuery> unit_queries;  // KernelUnits::queries
   DeviceArray<PrefixTailTile> tail_tiles;          // KernelUnits::tail_tiles
   DeviceArray<attention::MergeTask> merges;
   DeviceArray<int32_t> block_ids;
-  DeviceArray<uint16_t> partial_o;   // [num_partials, group, head_dim] of the KV dtype
-  DeviceArray<float> partial_lse;  // [num_partials, group]
+  DeviceArray<uint16_t> partial_o;   // [num_kv_heads * piece_stride, group, head_dim] of the KV dtype
+  DeviceArray<float> partial_lse;    // [num_kv_heads * piece_stride, group]
   int32_t group_size = 0;  // of the shape uploaded with: prefix_attention checks it is the same
   int32_t head_dim = 0;
-  int32_t num_pieces = 0;
+  int32_t piece_stride = 0;  // PrefixParams::piece_stride: at least the plan's num_pieces, only grows
   int32_t max_partials = 0;  // of any merge task
   int32_t num_kv_heads = 0;
-  int32_t ctas = 0;  // the persistent grid: PrefixSchedule::ctas, for the tiles' workers
+  int32_t ctas = 0;       // CTAs with items: PrefixSchedule::ctas
+  int32_t grid = 0;       // CTAs launched: ctas, or for a graph's step the tiles' workers
+  int32_t num_slots = 0;  // PrefixParams::num_slots: slot_heads' capacity
   int32_t min_block_id = 0;
   int32_t max_block_id = -1;
 
   // Throws Error(kInvalidArgument) when the plan is not one the kernel can run for this batch and
   // shape (plan_prefix with prefix_plan_options(tiles) always is), or has more than 2^31 items.
+  // graph_rows > 0: a step replayed as a CUDA graph of that many rows (StepBatch::graph_rows).
+  // Its grid is the workers, and its merge tasks (at most one per sequence) are padded to
+  // graph_rows with tasks that write nothing. Otherwise the grid is the CTAs with items: on an
+  // H100, 128 CTAs in a grid of 132 ran 1% slower than alone (bench/results).
   void upload(const attention::PrefixPlan& plan, const attention::DecodeBatch& batch,
-              const attention::AttentionShape& shape, const PrefixTiles& tiles, cudaStream_t stream = nullptr);
+              const attention::AttentionShape& shape, const PrefixTiles& tiles, cudaStream_t stream = nullptr,
+              int32_t graph_rows = 0);
+
+  // What a CUDA graph of the launches depends on besides the arrays' addresses, num_slots and
+  // piece_stride: 0 with no merge, else the merge's warps per output row.
+  int32_t graph_shape() const;
 };
 
 // Runs the uploaded plan, then its merges. Arguments as decode_attention (decode_attention.h), and

@@ -77,11 +77,11 @@ struct PrefixParams {
   const void* q;       // [num_seqs, num_q_heads, head_dim] T
   void* out;           // [num_seqs, num_q_heads, head_dim] T
   float* lse;          // [num_seqs, num_q_heads] or null
-  void* partial_o;     // [num_kv_heads * num_pieces, group, head_dim] T
-  float* partial_lse;  // [num_kv_heads * num_pieces, group]
+  void* partial_o;     // [num_kv_heads * piece_stride, group, head_dim] T
+  float* partial_lse;  // [num_kv_heads * piece_stride, group]
   int32_t num_q_heads;
   int32_t group;
-  int32_t num_pieces;
+  int32_t piece_stride;  // partial slots per kv head: at least the plan's num_pieces
   float scale_log2;  // softmax scale * log2(e)
 };
 

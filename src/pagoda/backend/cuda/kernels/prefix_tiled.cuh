@@ -632,7 +632,7 @@ __global__ void __launch_bounds__(PrefixTiledConfig<kHeadDim>::kThreads, 1)
       // write and merge, and no less precise than the output it becomes).
       const bool whole = uq.piece < 0;
       const int64_t out_row = whole ? int64_t(uq.seq) * p.num_q_heads + int64_t(kv_head) * p.group + head
-                                    : (int64_t(kv_head) * p.num_pieces + uq.piece) * p.group + head;
+                                    : (int64_t(kv_head) * p.piece_stride + uq.piece) * p.group + head;
       uint32_t* dst = reinterpret_cast<uint32_t*>(static_cast<T*>(whole ? p.out : p.partial_o) + out_row * kHeadDim);
 #pragma unroll
       for (int n = 0; n < kDimTiles; ++n) dst[n * 4 + t] = ptx::pack2<T>(o_acc[n][2 * h] * inv, o_acc[n][2 * h + 1] * inv);
