@@ -8,7 +8,7 @@
 # The GPU tests of the whole model need the default model (SmolLM2, 98 MB), which no single call
 # can carry (64 MiB): split it here (`split -n 3 -d FILE`, a part in each of .device-model/{a,b,c}),
 # carry one part per call, `cat` them together there and export PAGODA_MODEL=that file.
-# STEPS (in this order): build tests llama3 trace llama2 hf
+# STEPS (in this order): build tests llama3 trace shared llama2 hf
 # Environment: MODELS (where checkpoints go) [/tmp/pagoda-models], OUTPUT (offline output tokens)
 # [2048], HF_OUTPUT (output tokens of the transformers run) [256]
 set -euo pipefail
@@ -65,6 +65,31 @@ if has trace; then
     ${TRACE_ARGS:---length-scale 0.0625 --time-scale 0.05 --max-input 8000} --max-batch 64 --step-tokens 8192 \
     --kv-memory-mb 60000 --json "$out/trace_llama3-8b.json" 2>&1 | tail -n 25
   deliver "${results[@]}"
+fi
+
+# Decode attention in the engine: 64 requests of 2560 prompt tokens, 256 output tokens each, whose
+# prompts start with the same 2048 tokens (a system prompt: the prefix cache gives every sequence
+# its blocks), under each --attention and under prefix with no CUDA graphs; then prompts that
+# share nothing, where auto is paged.
+if has shared; then
+  make_model llama3-8b
+  attention_run() {  # name, shared prefix tokens, flags...
+    local name=$1 prefix=$2
+    shift 2
+    ./build/pagoda bench throughput -m "$models/llama3-8b" --backend cuda --batch 64 --input 2560 \
+      --shared-prefix "$prefix" --output 256 --step-tokens 8192 "$@" --json "$out/$name.json" 2>&1 | tail -n 7
+    deliver gpu.txt  # the JSON travels in the archive
+  }
+  attention_runs=(shared_paged shared_prefix shared_prefix_eager shared_auto private_paged private_prefix)
+  attention_run shared_paged 2048 --attention paged
+  attention_run shared_prefix 2048 --attention prefix
+  attention_run shared_prefix_eager 2048 --attention prefix --enforce-eager
+  attention_run shared_auto 2048 --attention auto
+  attention_run private_paged 0 --attention paged
+  attention_run private_prefix 0 --attention prefix
+  runs=("${attention_runs[@]/#/$out/}")
+  $python bench/compare_attention_modes.py "${runs[@]/%/.json}" --md "$out/attention_modes.md" || true
+  deliver gpu.txt attention_modes.md
 fi
 
 if has llama2; then

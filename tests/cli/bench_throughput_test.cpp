@@ -126,6 +126,45 @@ TEST_F(BenchThroughput, PrefixAttentionCountsItsSteps) {
   EXPECT_EQ(f["prefix_attention_steps"], 5);
 }
 
+// --shared-prefix: the prompts' first 48 tokens are the same, so after the one prefill step the
+// prefix cache gives all three sequences its 3 blocks, which the roofline counts once and
+// --attention auto reads once (its plan reads 48 + 3 x (53 - 48) of 3 x 53 tokens at the last
+// decode step: less than half).
+TEST_F(BenchThroughput, SharedPrefixIsReadOnceAndCountedOnce) {
+  const std::string json = json_path("shared.json");
+  const auto r =
+      run_pagoda("bench throughput" + model() + " --batch 3 --input 50 --shared-prefix 48 --output 4 --json " + json);
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("3 requests x 50 input tokens (the first 48 the same in all) x 4 output tokens"),
+            std::string::npos)
+      << r.output;
+  const nlohmann::json j = read_json(json);
+  EXPECT_NE(j["command"].get<std::string>().find("--shared-prefix 48 --attention auto"), std::string::npos)
+      << j["command"];
+  EXPECT_EQ(j["config"]["shared_prefix"], 48);
+  EXPECT_EQ(j["config"]["attention"], "auto");
+  EXPECT_EQ(j["config"]["cuda_graphs"], true);
+  const auto& f = j["figures"];
+  EXPECT_EQ(f["steps"], 4);
+  EXPECT_EQ(f["prefix_attention_steps"], 3);
+  const auto& roof = j["roofline"];
+  EXPECT_EQ(roof["decode_steps"], 3);
+  // Decode step k (1..3) attends over 50 + k tokens in each of 3 sequences, 48 of them shared.
+  const double kv_bytes = 512 * (3 * (51 + 52 + 53) - 3 * 2 * 48);
+  const double row_bytes = roof["embedding_row_bytes"].get<double>();
+  EXPECT_DOUBLE_EQ(roof["bytes_read"].get<double>(),
+                   3 * (roof["step_weight_bytes"].get<double>() + 3 * row_bytes) + kv_bytes);
+
+  // The same prompts without the prefix cache: no block is shared, every step reads them all.
+  const auto off = run_pagoda("bench throughput" + model() +
+                              " --batch 3 --input 50 --shared-prefix 48 --output 4 --no-prefix-cache --json " + json);
+  ASSERT_EQ(off.exit_code, 0) << off.output;
+  const nlohmann::json k = read_json(json);
+  EXPECT_EQ(k["figures"]["prefix_attention_steps"], 0);
+  EXPECT_DOUBLE_EQ(k["roofline"]["bytes_read"].get<double>(),
+                   3 * (roof["step_weight_bytes"].get<double>() + 3 * row_bytes) + 512 * 3 * (51 + 52 + 53));
+}
+
 TEST_F(BenchThroughput, ReplaySharesPrefixesAndReportsTheScaling) {
   const std::string json = json_path("replay.json");
   const auto r = run_pagoda("bench throughput" + model() + " --trace " + trace() + " --length-scale 0.25 --json " + json);
@@ -163,6 +202,11 @@ TEST_F(BenchThroughput, BadFlags) {
   expect_pagoda_error("bench throughput" + model() + " --batch 0 --input 4 --output 2", "--batch in [1, 4096]");
   expect_pagoda_error("bench throughput" + model() + " --batch 1 --input 4000 --output 200",
                       "exceed the model's context of 4096");
+  expect_pagoda_error("bench throughput" + model() + " --batch 1 --input 4 --shared-prefix 5 --output 2",
+                      "--shared-prefix is for offline runs, in [0, --input], not 5");
+  expect_pagoda_error("bench throughput" + model() + " --batch 1 --input 4 --shared-prefix -1 --output 2",
+                      "--shared-prefix");
+  expect_pagoda_error("bench throughput" + model() + " --trace " + trace() + " --shared-prefix 4", "--shared-prefix");
   expect_pagoda_error("bench throughput" + model() + " --trace /nonexistent.jsonl", "cannot open the trace");
   expect_pagoda_error("bench throughput" + model() + " --trace " + trace() + " --length-scale 0", "--length-scale");
   expect_pagoda_error("bench throughput" + model() + " --trace " + trace() + " --length-scale 4",

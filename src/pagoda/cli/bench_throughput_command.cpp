@@ -1,18 +1,21 @@
 // pagoda bench throughput: the engine under a workload, end to end, as a serving system sees it.
 //
 // Offline (--batch B --input I --output O): B requests of I synthetic token ids, all at t = 0,
-// each generating exactly O tokens (greedy, past end-of-sequence). Besides throughput and
-// latencies, the decode-only steps (after every prompt is prefilled) are compared with their
-// bandwidth roofline: a decode step must read every weight byte once (of an untied embedding
-// table, only its tokens' rows) plus each running sequence's KV (context x layers x 2 x kv_heads
-// x head_dim x dtype size), so those bytes over the device's streaming-read bandwidth, measured in
-// the same run, are the fastest a step can be.
+// each generating exactly O tokens (greedy, past end-of-sequence); with --shared-prefix P the
+// first P ids of every prompt are the same (a system prompt), as vLLM's random dataset's prefix
+// length. Besides throughput and latencies, the decode-only steps (after every prompt is
+// prefilled) are compared with their bandwidth roofline: a decode step must read every weight
+// byte once (of an untied embedding table, only its tokens' rows) plus each running sequence's KV
+// (context x layers x 2 x kv_heads x head_dim x dtype size), the shared prefix's whole KV blocks
+// once (the prefix cache gives every sequence the same blocks), so those bytes over the device's
+// streaming-read bandwidth, measured in the same run, are the fastest a step can be.
 //
 // Replay (--trace FILE): a Mooncake trace (trace.h), each request submitted when its (scaled)
 // arrival time passes while the engine steps (one thread: the clock is checked between steps).
 // Requests whose hash ids start alike share a prompt prefix, so the prefix cache's hit rate is real.
 #include <algorithm>
 #include <chrono>
+#include <cstdint>
 #include <cmath>
 #include <cstdio>
 #include <memory>
@@ -48,6 +51,7 @@ struct ThroughputFlags {
   int batch = 0;  // offline workload
   int input = 0;
   int output = 0;
+  int shared_prefix = 0;
   std::string trace;  // replay workload
   TraceScaling scaling;
   uint64_t seed = 0;
@@ -79,22 +83,31 @@ struct RunResult {
   int32_t kv_blocks = 0;
   int64_t prefix_steps = 0;     // steps whose decode rows attended prefix-aware
   double step_planning_s = 0;   // host time making steps ready (Model::step_planning_seconds)
+  Backend::GraphStats graphs;   // decode steps captured and replayed as CUDA graphs
 };
 
 
-std::vector<ReplayRequest> offline_workload(int32_t batch, int32_t input, int32_t output, int32_t vocab, uint64_t seed) {
+// Prompts of `input` ids whose first `shared` are the same for every request: those come from a
+// stream no request has, the rest from the request's own.
+std::vector<ReplayRequest> offline_workload(int32_t batch, int32_t input, int32_t shared, int32_t output, int32_t vocab,
+                                            uint64_t seed) {
+  const std::vector<int32_t> prefix = synthetic_tokens(offline_request_stream(seed, UINT32_MAX), shared, vocab);
   std::vector<ReplayRequest> requests(static_cast<size_t>(batch));
-  for (int32_t r = 0; r < batch; ++r)
-    requests[size_t(r)] = {.prompt = synthetic_tokens(offline_request_stream(seed, uint64_t(r)), input, vocab),
-                           .max_tokens = output};
+  for (int32_t r = 0; r < batch; ++r) {
+    std::vector<int32_t> prompt = prefix;
+    const std::vector<int32_t> own = synthetic_tokens(offline_request_stream(seed, uint64_t(r)), input - shared, vocab);
+    prompt.insert(prompt.end(), own.begin(), own.end());
+    requests[size_t(r)] = {.prompt = std::move(prompt), .max_tokens = output};
+  }
   return requests;
 }
 
 // Runs the workload on a fresh engine. A step is decode-only when every request had its first
 // token before it, it computed no prompt token, and no request was ever preempted (a preempted
-// request's recompute is prefill work in later steps).
+// request's recompute is prefill work in later steps). shared_kv_tokens: KV tokens every request
+// reads from the same blocks, which a decode step's bound counts once.
 RunResult run_workload(Session& session, const EngineOptions& options, const std::vector<ReplayRequest>& workload,
-                       double kv_bytes_per_token, bool report_progress) {
+                       double kv_bytes_per_token, int64_t shared_kv_tokens, bool report_progress) {
   Engine engine(*session.model, session.tokenizer, options);
   RunResult result;
   result.kv_blocks = engine.num_kv_blocks();
@@ -108,6 +121,7 @@ RunResult run_workload(Session& session, const EngineOptions& options, const std
   // The model outlives each run's engine (warm-up, then the workload): its counters are differenced.
   const int64_t prefix_steps_before = session.model->prefix_steps();
   const double planning_before = session.model->step_planning_seconds();
+  const Backend::GraphStats graphs_before = session.backend->graph_stats();
   const auto start = Clock::now();
   double last_report = 0;
   while (next < workload.size() || engine.has_work()) {
@@ -133,6 +147,7 @@ RunResult run_workload(Session& session, const EngineOptions& options, const std
     const std::vector<TokenEvent> events = engine.step();
     const double step_end = seconds_since(start);
     double kv_bytes = 0;
+    int64_t token_events = 0;
     for (const TokenEvent& e : events) {
       if (e.finish != FinishReason::kNone) ++finished;
       if (e.token < 0) continue;
@@ -147,7 +162,9 @@ RunResult run_workload(Session& session, const EngineOptions& options, const std
       // The step fed the token before this one, at position prompt + generated - 2, and attended
       // to every token up to it: prompt + generated - 1 of them.
       kv_bytes += double(e.prompt_tokens + e.generated_tokens - 1) * kv_bytes_per_token;
+      ++token_events;
     }
+    if (token_events > 1) kv_bytes -= double(token_events - 1) * double(shared_kv_tokens) * kv_bytes_per_token;
     const EngineStats& after = engine.stats();
     if (all_started && after.prompt_tokens == before.prompt_tokens && after.preemptions == 0 && !events.empty())
       result.decode_steps.push_back({step_end - step_start, kv_bytes, int32_t(events.size())});
@@ -161,6 +178,9 @@ RunResult run_workload(Session& session, const EngineOptions& options, const std
   result.stats = engine.stats();
   result.prefix_steps = session.model->prefix_steps() - prefix_steps_before;
   result.step_planning_s = session.model->step_planning_seconds() - planning_before;
+  result.graphs = session.backend->graph_stats();
+  result.graphs.captures -= graphs_before.captures;
+  result.graphs.replays -= graphs_before.replays;
   for (const RequestTiming& t : result.requests) result.wall_s = std::max(result.wall_s, t.last_token_s);
   return result;
 }
@@ -221,12 +241,15 @@ std::string command_line(const ThroughputFlags& f, const EngineOptions& options,
   c += " --backend " + f.model.backend + " --weight-dtype " + f.model.weight_dtype;
   if (offline) {
     c += fmt::format(" --batch {} --input {} --output {}", f.batch, f.input, f.output);
+    if (f.shared_prefix > 0) c += fmt::format(" --shared-prefix {}", f.shared_prefix);
   } else {
     const TraceScaling& s = f.scaling;
     c += fmt::format(" --trace {} --time-scale {} --length-scale {} --max-requests {} --max-input {} --max-output {}",
                      f.trace, s.time_scale, s.length_scale, s.max_requests, s.max_input, s.max_output);
   }
-  c += fmt::format(" --max-batch {} --step-tokens {}", options.max_batch, options.max_step_tokens);
+  c += fmt::format(" --attention {} --max-batch {} --step-tokens {}", f.model.attention, options.max_batch,
+                   options.max_step_tokens);
+  if (f.model.enforce_eager) c += " --enforce-eager";
   if (options.num_kv_blocks == 0) c += fmt::format(" --kv-memory-mb {}", options.kv_memory_bytes >> 20);
   if (f.no_prefix_cache) c += " --no-prefix-cache";
   if (f.seed != 0) c += fmt::format(" --seed {}", f.seed);
@@ -259,6 +282,8 @@ void check_flags(const ThroughputFlags& f, bool offline) {
     fail(ErrorKind::kInvalidArgument, "bench throughput needs either --batch/--input/--output (offline) or --trace FILE");
   if (offline && (f.batch < 1 || f.batch > 4096 || f.input < 1 || f.output < 1))
     fail(ErrorKind::kInvalidArgument, "--batch in [1, 4096], --input >= 1 and --output >= 1 please");
+  if (f.shared_prefix < 0 || f.shared_prefix > std::max(f.input, 0) || (f.shared_prefix > 0 && !offline))
+    fail(ErrorKind::kInvalidArgument, "--shared-prefix is for offline runs, in [0, --input], not {}", f.shared_prefix);
 }
 
 void run_throughput(const ThroughputFlags& f, const CLI::App& cmd) {
@@ -279,7 +304,7 @@ void run_throughput(const ThroughputFlags& f, const CLI::App& cmd) {
     if (int64_t(f.input) + f.output > c.max_context)
       fail(ErrorKind::kInvalidArgument, "--input {} + --output {} exceed the model's context of {} tokens", f.input,
            f.output, c.max_context);
-    workload = offline_workload(f.batch, f.input, f.output, vocab, f.seed);
+    workload = offline_workload(f.batch, f.input, f.shared_prefix, f.output, vocab, f.seed);
     // Unless told otherwise, every request runs at once and the KV cache holds them all: the
     // workload then measures the decode batch it names, not the scheduler's limits.
     if (cmd.count("--max-batch") == 0) options.max_batch = f.batch;
@@ -319,10 +344,13 @@ void run_throughput(const ThroughputFlags& f, const CLI::App& cmd) {
   // offline, the same batch and prompts with 4 output tokens (other ids: no prefix-cache hits).
   std::fprintf(stderr, "bench: warm-up...\n");
   run_workload(session, options,
-               offline ? offline_workload(f.batch, f.input, 4, vocab, f.seed + 1) : offline_workload(1, 16, 4, vocab, 1),
-               kv_bytes_per_token, false);
+               offline ? offline_workload(f.batch, f.input, f.shared_prefix, 4, vocab, f.seed + 1)
+                       : offline_workload(1, 16, 0, 4, vocab, 1),
+               kv_bytes_per_token, 0, false);
   std::fprintf(stderr, "bench: running %zu requests...\n", workload.size());
-  const RunResult run = run_workload(session, options, workload, kv_bytes_per_token, true);
+  const int64_t shared_kv_tokens =
+      options.prefix_caching ? int64_t(f.shared_prefix) / options.block_size * options.block_size : 0;
+  const RunResult run = run_workload(session, options, workload, kv_bytes_per_token, shared_kv_tokens, true);
 
   int64_t prompt_tokens = 0, output_tokens = 0;
   std::vector<double> ttft_ms, tpot_ms, e2e_s;
@@ -343,7 +371,9 @@ void run_throughput(const ThroughputFlags& f, const CLI::App& cmd) {
   std::printf("model: %s, %d layers, %d/%d heads x %d, weights %.2f GB (%s)\n", c.architecture.c_str(), c.num_layers,
               c.num_q_heads, c.num_kv_heads, c.head_dim, weight_bytes / 1e9, std::string(dtype_name(session.model->weight_dtype())).c_str());
   if (offline) {
-    std::printf("workload: %d requests x %d input tokens x %d output tokens, all at t = 0\n", f.batch, f.input, f.output);
+    std::printf("workload: %d requests x %d input tokens (the first %d the same in all) x %d output tokens, all at "
+                "t = 0\n",
+                f.batch, f.input, f.shared_prefix, f.output);
   } else {
     const TraceScaling& s = f.scaling;
     auto cap = [](int32_t limit, int32_t capped) {
@@ -355,9 +385,10 @@ void run_throughput(const ThroughputFlags& f, const CLI::App& cmd) {
                 replay.block_tokens, kTraceBlockTokens, cap(s.max_input, replay.inputs_capped).c_str(),
                 cap(s.max_output, replay.outputs_capped).c_str());
   }
-  std::printf("engine: max batch %d, %d tokens per step, %d KV blocks of %d tokens, prefix cache %s\n",
+  std::printf("engine: max batch %d, %d tokens per step, %d KV blocks of %d tokens, prefix cache %s, attention %s%s\n",
               options.max_batch, options.max_step_tokens, run.kv_blocks, options.block_size,
-              options.prefix_caching ? "on" : "off");
+              options.prefix_caching ? "on" : "off", f.model.attention.c_str(),
+              f.model.enforce_eager ? ", no CUDA graphs" : "");
   std::printf("%-26s %12s\n", "requests", std::to_string(run.requests.size()).c_str());
   std::printf("%-26s %12.1f\n", "output tokens/s", output_tps);
   std::printf("%-26s %12.1f\n", "total tokens/s", total_tps);
@@ -376,6 +407,8 @@ void run_throughput(const ThroughputFlags& f, const CLI::App& cmd) {
   const double planning_us = run.stats.steps > 0 ? 1e6 * run.step_planning_s / double(run.stats.steps) : 0;
   std::printf("%-26s %12lld\n", "prefix-attention steps", static_cast<long long>(run.prefix_steps));
   std::printf("%-26s %12.1f (host: batch, attention plan, upload)\n", "step planning (us/step)", planning_us);
+  std::printf("%-26s %12lld (%lld captured)\n", "steps replayed as graphs", static_cast<long long>(run.graphs.replays),
+              static_cast<long long>(run.graphs.captures));
 
   json roofline_json = nullptr;
   if (offline) {
@@ -407,8 +440,8 @@ void run_throughput(const ThroughputFlags& f, const CLI::App& cmd) {
         {"read_bandwidth_bytes_per_s", bandwidth},
         {"bandwidth_probe", bandwidth_probe},
         {"bound", "per decode-only step, (weight bytes, of an untied embedding table only the batch's rows, + "
-                  "sum over running sequences of context x layers x 2 x kv_heads x head_dim x KV dtype size) / "
-                  "streaming-read bandwidth; fraction = bound / measured"},
+                  "sum over running sequences of context x layers x 2 x kv_heads x head_dim x KV dtype size, the "
+                  "shared prefix's whole blocks counted once) / streaming-read bandwidth; fraction = bound / measured"},
     };
   }
 
@@ -420,6 +453,8 @@ void run_throughput(const ThroughputFlags& f, const CLI::App& cmd) {
         {"kv_blocks", run.kv_blocks},
         {"block_size", options.block_size},
         {"prefix_caching", options.prefix_caching},
+        {"attention", f.model.attention},
+        {"cuda_graphs", !f.model.enforce_eager},
         {"seed", f.seed},
         {"token_id_range", vocab},
     };
@@ -427,6 +462,7 @@ void run_throughput(const ThroughputFlags& f, const CLI::App& cmd) {
       config["batch"] = f.batch;
       config["input"] = f.input;
       config["output"] = f.output;
+      config["shared_prefix"] = f.shared_prefix;
     } else {
       const TraceScaling& s = f.scaling;
       config["trace"] = f.trace;
@@ -457,7 +493,8 @@ void run_throughput(const ThroughputFlags& f, const CLI::App& cmd) {
           {"ttft_ms", to_json(ttft)}, {"tpot_ms", to_json(tpot)}, {"e2e_s", to_json(e2e)},
           {"prefix_hit_tokens", run.stats.prefix_hit_tokens}, {"prefix_hit_rate", hit_rate},
           {"steps", run.stats.steps}, {"preemptions", run.stats.preemptions},
-          {"prefix_attention_steps", run.prefix_steps}, {"step_planning_us_mean", planning_us}}},
+          {"prefix_attention_steps", run.prefix_steps}, {"step_planning_us_mean", planning_us},
+          {"graph_captures", run.graphs.captures}, {"graph_replays", run.graphs.replays}}},
         {"roofline", roofline_json},
     };
     write_json_file(f.json_path, j);
@@ -475,6 +512,8 @@ void register_bench_throughput(CLI::App& bench) {
   cmd->add_option("--batch", flags->batch, "offline: requests, all submitted at t = 0 (default --max-batch: this)");
   cmd->add_option("--input", flags->input, "offline: synthetic prompt tokens per request");
   cmd->add_option("--output", flags->output, "offline: tokens generated per request (past end-of-sequence)");
+  cmd->add_option("--shared-prefix", flags->shared_prefix,
+                  "offline: the first N prompt tokens are the same in every request (default 0)");
   cmd->add_option("--trace", flags->trace, "replay this Mooncake-format trace (JSON lines)");
   cmd->add_option("--time-scale", flags->scaling.time_scale, "replay: multiply arrival times (default 1; 0: all at once)");
   cmd->add_option("--length-scale", flags->scaling.length_scale,
