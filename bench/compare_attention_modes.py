@@ -8,7 +8,7 @@ median TPOT, the decode-only steps' median time against their bound (weights plu
 over the streaming-read bandwidth measured in the run) and the fraction of it reached, how many
 steps attended prefix-aware and how many were replayed as CUDA graphs (and captured), and the host
 time spent making each step ready. The last column is the run's mean TPOT over that of the paged
-run of the same workload.
+run of the same workload with CUDA graphs.
 
 Usage:
   python3 bench/compare_attention_modes.py shared_paged.json shared_prefix.json ... --md attention_modes.md
@@ -26,7 +26,8 @@ def workload(run: dict) -> str:
 
 
 def table(runs: list[dict]) -> str:
-    paged_tpot = {workload(r): r["figures"]["tpot_ms"]["mean"] for r in runs if r["config"]["attention"] == "paged"}
+    paged_tpot = {workload(r): r["figures"]["tpot_ms"]["mean"] for r in runs
+                  if r["config"]["attention"] == "paged" and r["config"]["cuda_graphs"]}
     lines = [
         f"pagoda bench throughput on {runs[0]['device']}: {runs[0]['model_shape']['architecture']}, "
         f"{runs[0]['model_shape']['layers']} layers, {runs[0]['model_shape']['q_heads']}/"

@@ -1,10 +1,10 @@
 #!/usr/bin/env python3
 """bench/compare_attention_modes.py against figures worked out by hand.
 
-Three offline runs of one workload (paged, prefix, prefix without CUDA graphs) and one of another
-workload with no paged run, written as `pagoda bench throughput --json` writes them. The table must
-carry each run's figures and its mean TPOT over the paged run of its own workload; a replay run
-(no roofline) is refused.
+Three offline runs of one workload (paged, prefix, prefix without CUDA graphs) and two of another
+(prefix, and paged without CUDA graphs, which is no baseline), written as `pagoda bench throughput
+--json` writes them. The table must carry each run's figures and its mean TPOT over the paged run
+with graphs of its own workload; a replay run (no roofline) is refused.
 """
 import json
 import os
@@ -36,21 +36,23 @@ RUNS = [
     run("prefix", True, 32, tpot_mean=8.0, median_step_ms=5.0, prefix_steps=8, replays=6, captures=2),
     run("prefix", False, 32, tpot_mean=9.0, median_step_ms=6.0, prefix_steps=8, replays=0, captures=0),
     run("prefix", True, 0, tpot_mean=12.0, median_step_ms=10.0, prefix_steps=8, replays=7, captures=1),
+    run("paged", False, 0, tpot_mean=11.0, median_step_ms=9.0, prefix_steps=0, replays=0, captures=0),
 ]
 
 
 class CompareAttentionModesTest(unittest.TestCase):
     def test_rows(self):
         rows = [line for line in compare_attention_modes.table(RUNS).splitlines() if line.startswith("| 4 x 64")]
-        self.assertEqual(len(rows), 4)
+        self.assertEqual(len(rows), 5)
         cells = [[c.strip() for c in row.strip("|").split("|")] for row in rows]
         self.assertEqual(cells[0], ["4 x 64 (shared 32) -> 8", "paged", "yes", "10.00", "9.00", "8.00", "4.00", "0.500",
                                     "0 / 9", "7 (1)", "50", "1.000"])
         self.assertEqual(cells[1][1:3] + cells[1][7:], ["prefix", "yes", "0.800", "8 / 9", "6 (2)", "50", "0.800"])
         self.assertEqual(cells[2][1:3] + cells[2][-1:], ["prefix", "no", "0.900"])
-        # No paged run of the unshared workload: no ratio.
+        # The unshared workload's paged run has no CUDA graphs: no baseline, no ratio.
         self.assertEqual(cells[3][0], "4 x 64 (shared 0) -> 8")
         self.assertEqual(cells[3][-1], "-")
+        self.assertEqual(cells[4][1:3] + cells[4][-1:], ["paged", "no", "-"])
 
     def test_command_writes_markdown_and_refuses_a_replay(self):
         with tempfile.TemporaryDirectory() as d:

@@ -103,12 +103,16 @@ TEST_P(GpuMergeStates, MatchesHostMerge) {
   padded.resize(8, {.seq = -1, .kv_head = 0, .partial_begin = 0, .num_partials = 0});
   d_tasks.upload(padded);
   check_cuda(cudaMemset(d_out.data(), 0xff, d_out.bytes()), "memset");
+  check_cuda(cudaMemset(d_out_lse.data(), 0xff, d_out_lse.bytes()), "memset");
   merge_partial_states(d_tasks.data(), int(padded.size()), attention::max_partials(padded), 1, 0, group, num_q_heads,
                        dim, d_o.data(), d_lse.data(), DType::kF16, d_out.data(), d_out_lse.data(), nullptr);
   check_cuda(cudaDeviceSynchronize(), "sync");
   const std::vector<uint16_t> out = d_out.download();
-  expect_merged(out, d_out_lse.download());
-  for (size_t i = size_t(num_q_heads + group) * dim; i < out.size(); ++i) ASSERT_EQ(out[i], 0xffff) << i;
+  const std::vector<float> out_lse = d_out_lse.download();
+  expect_merged(out, out_lse);
+  const size_t untouched = size_t(num_q_heads + group);  // the first row of sequence 1, kv head 1
+  for (size_t i = untouched * dim; i < out.size(); ++i) ASSERT_EQ(out[i], 0xffff) << i;
+  for (size_t row = untouched; row < out_lse.size(); ++row) ASSERT_TRUE(std::isnan(out_lse[row])) << row;
   d_tasks.upload(tasks);
 
   // A head_dim the merge has no instantiation for, or an fp32 output, is refused, not launched.

@@ -51,7 +51,11 @@ inline std::vector<std::vector<float>> run_chunks(Model& model, const std::vecto
 // max |a - b| over max(b) - min(b): tolerances are fractions of the reference's logit range.
 inline double relative_max_diff(std::span<const float> a, std::span<const float> b) {
   double diff = 0;
-  for (size_t i = 0; i < a.size(); ++i) diff = std::max(diff, double(std::fabs(a[i] - b[i])));
+  for (size_t i = 0; i < a.size(); ++i) {
+    const double d = std::fabs(double(a[i]) - double(b[i]));
+    if (std::isnan(d)) return INFINITY;  // a NaN on either side: as far off as can be
+    diff = std::max(diff, d);
+  }
   const auto [lo, hi] = std::minmax_element(b.begin(), b.end());
   return diff / double(*hi - *lo);
 }

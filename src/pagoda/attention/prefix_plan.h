@@ -81,7 +81,8 @@ struct UnitTail {
 struct UnitQuery {
   int32_t seq;
   int32_t piece;  // -1: the unit covers all of seq's KV and writes its output rows; else the
-                  // partial slot of (seq, kv head h) is h * PrefixPlan::num_pieces + piece
+                  // partial slot of (seq, kv head h) is h * PrefixPlan::num_pieces + piece (the
+                  // GPU's workspace strides the heads by a capacity: PrefixParams::piece_stride)
 };
 
 struct PrefixPlan {

@@ -4,9 +4,10 @@
 //
 // Every op is issued on one stream and reads the step's metadata from device arrays that
 // begin_step() filled, so a decode step can be captured once into a CUDA graph and replayed:
-// graph_rows() pads decode batches to a few sizes, and run_graph() keeps one graph per size. When
-// a metadata array has to grow (its device pointer moves), every captured graph is dropped and
-// captured again on next use.
+// graph_rows() pads decode batches to a few sizes, and run_graph() keeps one graph per size and
+// attention launch shape (paged, or prefix-aware and its merge's). When a metadata array has to
+// grow (its device pointer moves), or a count baked into the launches changes, every captured
+// graph is dropped and captured again on next use.
 #pragma once
 
 #include <cuda_runtime.h>

@@ -426,7 +426,7 @@ void prefix_attention(PrefixWorkspace& workspace, const attention::AttentionShap
          workspace.num_kv_heads, shape.num_kv_heads);
   }
   if (maps.kv != kv) fail(ErrorKind::kInvalidArgument, "prefix attention: the tensor maps describe another KV pool");
-  if (workspace.ctas > 0) {
+  if (workspace.grid > 0) {  // always for a graph's step: a capture must hold the launch
     const PrefixParams params{
         .slot_units = workspace.slot_units.data(),
         .slot_heads = workspace.slot_heads.data(),

@@ -93,7 +93,7 @@ int64_t prefix_item_cost(const KernelUnit& u);
 // time first. Items in order of falling cost go each to the CTA with the least cost so far. A
 // round-robin over the plan's order (longest units first) gave the CTAs that drew the long
 // shared units as many short tails as the others. Where the items fill whole rounds of fewer
-// CTAs that finish as early (by the costs), the grid is those CTAs.
+// CTAs that finish as early (by the costs), the items go to those CTAs only.
 struct PrefixSchedule {
   std::vector<int32_t> slots;  // CTA c's n-th item at c + n * ctas; -1 past its last
   int32_t ctas = 0;            // at most min(items, workers)
@@ -126,7 +126,8 @@ struct PrefixWorkspace {
   int32_t max_block_id = -1;
 
   // Throws Error(kInvalidArgument) when the plan is not one the kernel can run for this batch and
-  // shape (plan_prefix with prefix_plan_options(tiles) always is), or has more than 2^31 items.
+  // shape (plan_prefix with prefix_plan_options(tiles) always is), has more than 2^31 items or
+  // 2^30 slots, or more merge tasks than graph_rows.
   // graph_rows > 0: a step replayed as a CUDA graph of that many rows (StepBatch::graph_rows).
   // Its grid is the workers, and its merge tasks (at most one per sequence) are padded to
   // graph_rows with tasks that write nothing. Otherwise the grid is the CTAs with items: on an
