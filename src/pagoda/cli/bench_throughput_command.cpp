@@ -282,7 +282,7 @@ void check_flags(const ThroughputFlags& f, bool offline) {
     fail(ErrorKind::kInvalidArgument, "bench throughput needs either --batch/--input/--output (offline) or --trace FILE");
   if (offline && (f.batch < 1 || f.batch > 4096 || f.input < 1 || f.output < 1))
     fail(ErrorKind::kInvalidArgument, "--batch in [1, 4096], --input >= 1 and --output >= 1 please");
-  if (f.shared_prefix < 0 || f.shared_prefix > std::max(f.input, 0) || (f.shared_prefix > 0 && !offline))
+  if (f.shared_prefix < 0 || f.shared_prefix > f.input || (f.shared_prefix > 0 && !offline))
     fail(ErrorKind::kInvalidArgument, "--shared-prefix is for offline runs, in [0, --input], not {}", f.shared_prefix);
 }
 

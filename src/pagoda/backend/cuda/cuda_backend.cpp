@@ -33,14 +33,6 @@ DType checked(DType dtype) {
   return dtype;
 }
 
-// Uploads host, growing the array geometrically: the device pointer, which captured graphs
-// hold, rarely moves.
-template <typename T>
-void put(cuda::DeviceArray<T>& array, std::span<const T> host, cudaStream_t stream) {
-  array.make_room(host.size());
-  array.upload(host, stream);
-}
-
 // Decode batches are padded up to the next of these sizes (vLLM captures a similar ladder): few
 // graphs, and at most 1/8 of a large batch's rows wasted on padding.
 constexpr std::array<int32_t, 19> kGraphSizes = {1,  2,  4,  8,  16,  24,  32,  40,  48, 56,
@@ -77,13 +69,13 @@ void CudaBackend::check_dtype(const Tensor& t, const char* what) const {
 
 void CudaBackend::begin_step(const StepBatch& step) {
   graph_step_ = step.graph_rows > 0;
-  put<int32_t>(tokens_, step.tokens, stream_);
-  put<int32_t>(positions_, step.positions, stream_);
-  put<int32_t>(slot_blocks_, step.slot_blocks, stream_);
-  put<int32_t>(logit_rows_, step.logit_rows, stream_);
+  tokens_.upload_grown(step.tokens, stream_);
+  positions_.upload_grown(step.positions, stream_);
+  slot_blocks_.upload_grown(step.slot_blocks, stream_);
+  logit_rows_.upload_grown(step.logit_rows, stream_);
   if (!std::ranges::equal(rope_inv_freq_host_, step.rope_inv_freq)) {
     rope_inv_freq_host_.assign(step.rope_inv_freq.begin(), step.rope_inv_freq.end());
-    put<float>(rope_inv_freq_, step.rope_inv_freq, stream_);
+    rope_inv_freq_.upload_grown(step.rope_inv_freq, stream_);
   }
 
   num_decode_ = step.decode_batch.num_seqs();
@@ -123,7 +115,7 @@ void CudaBackend::begin_step(const StepBatch& step) {
       at(decode_.block_ids.data()), at(prefix_.slot_units.data()),  at(prefix_.slot_heads.data()),
       at(prefix_.unit_queries.data()), at(prefix_.tail_tiles.data()), at(prefix_.block_ids.data()),
       at(prefix_.merges.data()),    at(prefix_.partial_o.data()),   at(prefix_.partial_lse.data()),
-      uintptr_t(prefix_.num_slots), uintptr_t(prefix_.piece_stride)};
+      uintptr_t(prefix_.num_slots()), uintptr_t(prefix_.piece_stride)};
   if (inputs != graph_inputs_) {
     drop_graphs();
     graph_inputs_ = inputs;
@@ -294,7 +286,7 @@ void CudaBackend::sample(const Tensor& logits, int32_t vocab, std::span<const Sa
     host[i] = {.temperature = r.temperature, .top_k = r.top_k, .top_p = r.top_p, .min_p = r.min_p, .seed = r.seed,
                .offset = r.offset};
   }
-  put<cuda::SampleRow>(sample_rows_, host, stream_);
+  sample_rows_.upload_grown(host, stream_);
   sampled_.resize(rows.size());
   cuda::sample_tokens(static_cast<const float*>(logits.data), logits.size(1), vocab, sample_rows_.data(),
                       int32_t(rows.size()), sampled_.data(), stream_);

@@ -62,6 +62,13 @@ class DeviceArray {
     if (size > capacity_) reserve(std::max(size, 2 * capacity_));
   }
 
+  // upload(), growing as make_room() does: for arrays uploaded every step, whose address a
+  // captured CUDA graph holds.
+  void upload_grown(std::span<const T> host, cudaStream_t stream = nullptr) {
+    make_room(host.size());
+    upload(host, stream);
+  }
+
   // Resizes to host.size() and copies host in (asynchronous on `stream` for pinned host memory,
   // synchronous with respect to the host otherwise).
   void upload(std::span<const T> host, cudaStream_t stream = nullptr) {

@@ -363,10 +363,9 @@ void PrefixWorkspace::upload(const attention::PrefixPlan& plan, const attention:
   }
   slot_units.make_room(used_slots);
   slot_heads.make_room(used_slots);
-  num_slots = int32_t(std::min(slot_units.capacity(), slot_heads.capacity()));
   // Slots past used_slots keep whatever units they held: the kernel uses no unit whose head is -1.
   std::vector<KernelUnit> units_by_slot(used_slots);
-  std::vector<int32_t> heads_by_slot(size_t(num_slots), -1);
+  std::vector<int32_t> heads_by_slot(size_t(num_slots()), -1);
   for (size_t slot = 0; slot < plan_schedule.slots.size(); ++slot) {
     const int32_t item = plan_schedule.slots[slot];
     if (item < 0) continue;
@@ -376,27 +375,19 @@ void PrefixWorkspace::upload(const attention::PrefixPlan& plan, const attention:
   }
   slot_units.upload(units_by_slot, stream);
   slot_heads.upload(heads_by_slot, stream);
-  unit_queries.make_room(kernel.queries.size());
-  unit_queries.upload(kernel.queries, stream);
-  tail_tiles.make_room(kernel.tail_tiles.size());
-  tail_tiles.upload(kernel.tail_tiles, stream);
-  if (graph_rows > 0 && !plan.merges.empty()) {
-    if (plan.merges.size() > size_t(graph_rows)) {
+  unit_queries.upload_grown(kernel.queries, stream);
+  tail_tiles.upload_grown(kernel.tail_tiles, stream);
+  std::vector<attention::MergeTask> tasks = plan.merges;
+  if (graph_rows > 0 && !tasks.empty()) {
+    if (tasks.size() > size_t(graph_rows)) {
       fail(ErrorKind::kInvalidArgument, "prefix attention: {} merge tasks, more than the graph's {} rows",
-           plan.merges.size(), graph_rows);
+           tasks.size(), graph_rows);
     }
-    std::vector<attention::MergeTask> padded = plan.merges;
-    padded.resize(size_t(graph_rows), attention::MergeTask{.seq = -1, .kv_head = 0, .partial_begin = 0,
-                                                            .num_partials = 0});
-    merges.make_room(padded.size());
-    merges.upload(padded, stream);
-  } else {
-    merges.make_room(plan.merges.size());
-    merges.upload(plan.merges, stream);
+    tasks.resize(size_t(graph_rows), attention::MergeTask{.seq = -1, .kv_head = 0, .partial_begin = 0, .num_partials = 0});
   }
+  merges.upload_grown(tasks, stream);
   max_partials = attention::max_partials(plan.merges);
-  block_ids.make_room(batch.block_ids.size());
-  block_ids.upload(batch.block_ids, stream);
+  block_ids.upload_grown(batch.block_ids, stream);
   group_size = shape.num_kv_heads > 0 ? shape.group_size() : 0;
   head_dim = shape.head_dim;
   if (plan.num_pieces > piece_stride) piece_stride = std::max(plan.num_pieces, 2 * piece_stride);
@@ -430,7 +421,7 @@ void prefix_attention(PrefixWorkspace& workspace, const attention::AttentionShap
     const PrefixParams params{
         .slot_units = workspace.slot_units.data(),
         .slot_heads = workspace.slot_heads.data(),
-        .num_slots = workspace.num_slots,
+        .num_slots = workspace.num_slots(),
         .unit_queries = workspace.unit_queries.data(),
         .tail_tiles = workspace.tail_tiles.data(),
         .block_ids = workspace.block_ids.data(),

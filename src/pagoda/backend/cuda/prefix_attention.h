@@ -5,6 +5,7 @@
 
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <span>
 #include <string>
@@ -121,7 +122,6 @@ struct PrefixWorkspace {
   int32_t num_kv_heads = 0;
   int32_t ctas = 0;       // CTAs with items: PrefixSchedule::ctas
   int32_t grid = 0;       // CTAs launched: ctas, or for a graph's step the tiles' workers
-  int32_t num_slots = 0;  // PrefixParams::num_slots: slot_heads' capacity
   int32_t min_block_id = 0;
   int32_t max_block_id = -1;
 
@@ -136,7 +136,10 @@ struct PrefixWorkspace {
               const attention::AttentionShape& shape, const PrefixTiles& tiles, cudaStream_t stream = nullptr,
               int32_t graph_rows = 0);
 
-  // What a CUDA graph of the launches depends on besides the arrays' addresses, num_slots and
+  // PrefixParams::num_slots: the slot arrays' capacity (upload keeps it under 2^31).
+  int32_t num_slots() const { return int32_t(std::min(slot_units.capacity(), slot_heads.capacity())); }
+
+  // What a CUDA graph of the launches depends on besides the arrays' addresses, num_slots() and
   // piece_stride: 0 with no merge, else the merge's warps per output row.
   int32_t graph_shape() const;
 };
