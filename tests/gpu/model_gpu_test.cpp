@@ -118,6 +118,9 @@ TEST(GpuModel, RandomLlama3AndQwen25ShapesMatchTheCpuBackend) {
 // with prefix-aware attention, replayed as CUDA graphs (padded to 4 rows, with the plan's merges)
 // or launched op by op, the GPU with paged attention and the CPU backend give the same logits at
 // every step: a replay that attended by a stale plan would give some row another's output.
+// Then a fourth sequence, prefilled at the start with a long suffix of its own, joins one step:
+// its block table outgrows the workspace's arrays, which move, so the graphs that point into
+// them are dropped, and the steps after it are captured anew and still match.
 TEST(GpuModel, PrefixAttentionMatchesPagedAttentionAndTheCpu) {
   if (!cuda::device_available()) GTEST_SKIP() << "no CUDA device";
   const fs::path dir = fs::temp_directory_path() / "pagoda-gpu-test-prefix";
@@ -132,56 +135,76 @@ TEST(GpuModel, PrefixAttentionMatchesPagedAttentionAndTheCpu) {
     return ids;
   };
   const std::vector<int32_t> prefix = tokens(40);  // blocks 0-2, the last one partly filled
-  const std::vector<std::vector<int32_t>> suffixes{tokens(9), tokens(23), tokens(3)};
+  const std::vector<std::vector<int32_t>> suffixes{tokens(9), tokens(23), tokens(3), tokens(360)};
   // Tables: the 3 prefix blocks (the third copied per sequence, as copy on write would), then own.
-  const std::vector<std::vector<int32_t>> tables{{0, 1, 2, 3, 4, 5}, {0, 1, 6, 7, 8, 9}, {0, 1, 10, 11, 12, 13}};
+  std::vector<std::vector<int32_t>> tables{{0, 1, 2, 3, 4, 5}, {0, 1, 6, 7, 8, 9}, {0, 1, 10, 11, 12, 13}, {0, 1}};
+  for (int32_t b = 14; b < 40; ++b) tables[3].push_back(b);  // 26 own blocks: 400 prompt tokens and more
+  // The steps: 12 of the first three sequences, one of all four (the one whose arrays grow),
+  // then 3 of the first three again.
+  constexpr int kSteps = 16, kGrowthStep = 12;
 
-  auto run = [&](Backend& backend, LoadOptions::Attention attention, int64_t* prefix_steps) {
+  struct Run {
+    std::vector<std::vector<float>> logits;
+    int64_t prefix_steps = 0;
+    Backend::GraphStats before_growth, after_growth;  // graph_stats() around kGrowthStep
+  };
+  auto run = [&](Backend& backend, LoadOptions::Attention attention) {
     Model model(checkpoint, backend, LoadOptions{.show_progress = false, .attention = attention});
     model.allocate_kv_cache(kNumBlocks, kBlockSize);
-    std::vector<std::vector<float>> logits;
+    Run out;
     std::vector<int32_t> lengths;
-    for (size_t s = 0; s < 3; ++s) {  // prefill each whole prompt (the shared blocks hold equal KV)
+    for (size_t s = 0; s < 4; ++s) {  // prefill each whole prompt (the shared blocks hold equal KV)
       std::vector<int32_t> prompt = prefix;
       prompt.insert(prompt.end(), suffixes[s].begin(), suffixes[s].end());
       const SequenceChunk chunk{.tokens = prompt, .start_pos = 0, .block_ids = tables[s], .want_logits = true};
       model.run(std::span(&chunk, 1));
       lengths.push_back(int32_t(prompt.size()));
     }
-    for (int step = 0; step < 12; ++step) {  // decode: every row attends over the shared prefix
-      std::vector<std::vector<int32_t>> next(3);
+    for (int step = 0; step < kSteps; ++step) {  // decode: every row attends over the shared prefix
+      std::vector<size_t> rows{size_t(step) % 3, size_t(step + 1) % 3, size_t(step + 2) % 3};
+      if (step == kGrowthStep) rows.insert(rows.begin() + 1, 3);
+      std::vector<std::vector<int32_t>> next(4);
       std::vector<SequenceChunk> chunks;
-      for (size_t s : {size_t(step) % 3, size_t(step + 1) % 3, size_t(step + 2) % 3}) {
+      for (size_t s : rows) {
         next[s] = {int32_t((step * 7 + s * 13) % 256)};
         chunks.push_back({.tokens = next[s], .start_pos = lengths[s], .block_ids = tables[s], .want_logits = true});
         ++lengths[s];
       }
-      const std::span<const float> out = model.forward(chunks);
-      logits.emplace_back(out.begin(), out.end());
+      if (step == kGrowthStep) out.before_growth = backend.graph_stats();
+      const std::span<const float> logits = model.forward(chunks);
+      out.logits.emplace_back(logits.begin(), logits.end());
+      if (step == kGrowthStep) out.after_growth = backend.graph_stats();
     }
-    *prefix_steps = model.prefix_steps();
-    return logits;
+    out.prefix_steps = model.prefix_steps();
+    return out;
   };
   CpuBackend cpu_backend;
   CudaBackend prefix_backend(DType::kF16), paged_backend(DType::kF16);
   CudaBackend eager_backend(DType::kF16, CudaBackendOptions{.graphs = false});
-  int64_t cpu_steps = 0, prefix_steps = 0, eager_steps = 0, paged_steps = 0;
-  const auto cpu = run(cpu_backend, LoadOptions::Attention::kPaged, &cpu_steps);
-  const auto prefix_logits = run(prefix_backend, LoadOptions::Attention::kPrefix, &prefix_steps);
-  const auto eager = run(eager_backend, LoadOptions::Attention::kPrefix, &eager_steps);
-  const auto paged = run(paged_backend, LoadOptions::Attention::kPaged, &paged_steps);
-  EXPECT_EQ(prefix_steps, 12);
-  EXPECT_EQ(eager_steps, 12);
-  EXPECT_EQ(paged_steps, 0);
-  // The first decode step is launched and captured, the other 11 replayed.
-  EXPECT_EQ(prefix_backend.graph_stats().captures, 1);
-  EXPECT_EQ(prefix_backend.graph_stats().replays, 11);
+  const Run cpu = run(cpu_backend, LoadOptions::Attention::kPaged);
+  const Run prefix_run = run(prefix_backend, LoadOptions::Attention::kPrefix);
+  const Run eager = run(eager_backend, LoadOptions::Attention::kPrefix);
+  const Run paged = run(paged_backend, LoadOptions::Attention::kPaged);
+  EXPECT_EQ(prefix_run.prefix_steps, kSteps);
+  EXPECT_EQ(eager.prefix_steps, kSteps);
+  EXPECT_EQ(paged.prefix_steps, 0);
+  // The first decode step is launched and captured, the next 11 replayed.
+  EXPECT_EQ(prefix_run.before_growth.captures, 1);
+  EXPECT_EQ(prefix_run.before_growth.replays, kGrowthStep - 1);
+  EXPECT_EQ(prefix_run.before_growth.invalidations, 0);
+  // The fourth sequence's blocks move the workspace's arrays: the graphs are dropped, the step
+  // captured anew. Every step after it is a capture or a replay of a graph made since.
+  EXPECT_EQ(prefix_run.after_growth.invalidations, 1);
+  EXPECT_EQ(prefix_run.after_growth.captures, 2);
+  const Backend::GraphStats end = prefix_backend.graph_stats();
+  EXPECT_EQ(end.invalidations, 1);
+  EXPECT_EQ(end.captures + end.replays, kSteps);
   EXPECT_EQ(eager_backend.graph_stats().replays, 0);
-  const double vs_paged = worst_diff(prefix_logits, paged), vs_cpu = worst_diff(prefix_logits, cpu),
-               eager_vs_cpu = worst_diff(eager, cpu);
+  const double vs_paged = worst_diff(prefix_run.logits, paged.logits), vs_cpu = worst_diff(prefix_run.logits, cpu.logits),
+               eager_vs_cpu = worst_diff(eager.logits, cpu.logits);
   std::printf("  prefix attention: max |prefix - paged| = %.2e, |prefix - cpu| = %.2e, |prefix op by op - cpu| = "
-              "%.2e of the logit range\n",
-              vs_paged, vs_cpu, eager_vs_cpu);
+              "%.2e of the logit range; %lld captures, %lld replays\n",
+              vs_paged, vs_cpu, eager_vs_cpu, (long long)end.captures, (long long)end.replays);
   EXPECT_LE(vs_paged, kLogitTolerance);
   EXPECT_LE(vs_cpu, kLogitTolerance);
   EXPECT_LE(eager_vs_cpu, kLogitTolerance);

@@ -148,10 +148,12 @@ class Backend {
   // replays the capture after: ops inside must depend on nothing but the StepBatch given to
   // begin_step and buffers that outlive the graph. The default just runs it.
   virtual void run_graph(int32_t /*key*/, const std::function<void()>& body) { body(); }
-  // Steps run_graph captured and replayed so far.
+  // Steps run_graph captured and replayed so far, and how many times the graphs were dropped
+  // because an address or count captured in them changed (a workspace array grew).
   struct GraphStats {
     int64_t captures = 0;
     int64_t replays = 0;
+    int64_t invalidations = 0;
   };
   virtual GraphStats graph_stats() const { return {}; }
 

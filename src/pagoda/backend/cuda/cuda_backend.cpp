@@ -117,6 +117,7 @@ void CudaBackend::begin_step(const StepBatch& step) {
       at(prefix_.merges.data()),    at(prefix_.partial_o.data()),   at(prefix_.partial_lse.data()),
       uintptr_t(prefix_.num_slots()), uintptr_t(prefix_.piece_stride)};
   if (inputs != graph_inputs_) {
+    if (!graphs_.empty()) ++graph_stats_.invalidations;
     drop_graphs();
     graph_inputs_ = inputs;
   }
