@@ -3,6 +3,7 @@
 // token blocks that are the same wherever the same id appears, so that prefixes are really shared.
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <string>
 #include <vector>
 
@@ -146,6 +147,14 @@ TEST(Trace, ScalingAndCaps) {
   EXPECT_EQ(capped.inputs_capped, 1);
   EXPECT_EQ(capped.outputs_capped, 1);
 
+  // Outputs scaled apart from the prompts: x 2 keeps the x 0.25 prompts, 20 / 14 / 2 tokens.
+  const Replay long_outputs = build_replay(trace, {.length_scale = 0.25, .output_scale = 2}, 500, 0);
+  ASSERT_EQ(long_outputs.requests.size(), 3u);
+  EXPECT_EQ(long_outputs.requests[0].prompt, scaled.requests[0].prompt);
+  EXPECT_EQ(long_outputs.requests[0].max_tokens, 20);
+  EXPECT_EQ(long_outputs.requests[1].max_tokens, 14);
+  EXPECT_EQ(long_outputs.requests[2].max_tokens, 2);
+
   const Replay at_once = build_replay(trace, {.time_scale = 0}, 500, 0);
   for (const auto& q : at_once.requests) EXPECT_EQ(q.arrival_s, 0);
 }
@@ -158,6 +167,11 @@ TEST(Trace, BadScalingIsRefused) {
   EXPECT_NE(error_of([&] { build_replay(trace, {.length_scale = 0}, 500, 0); }, ErrorKind::kInvalidArgument)
                 .find("--length-scale"),
             std::string::npos);
+  for (double bad : {-1.0, 17.0, std::nan("")}) {
+    EXPECT_NE(error_of([&] { build_replay(trace, {.output_scale = bad}, 500, 0); }, ErrorKind::kInvalidArgument)
+                  .find("--output-scale"),
+              std::string::npos);
+  }
   EXPECT_NE(error_of([&] { build_replay(trace, {.max_input = -2}, 500, 0); }, ErrorKind::kInvalidArgument)
                 .find("--max-input"),
             std::string::npos);

@@ -246,6 +246,7 @@ std::string command_line(const ThroughputFlags& f, const EngineOptions& options,
     const TraceScaling& s = f.scaling;
     c += fmt::format(" --trace {} --time-scale {} --length-scale {} --max-requests {} --max-input {} --max-output {}",
                      f.trace, s.time_scale, s.length_scale, s.max_requests, s.max_input, s.max_output);
+    if (s.output_scale > 0) c += fmt::format(" --output-scale {}", s.output_scale);
   }
   c += fmt::format(" --attention {} --max-batch {} --step-tokens {}", f.model.attention, options.max_batch,
                    options.max_step_tokens);
@@ -380,10 +381,10 @@ void run_throughput(const ThroughputFlags& f, const CLI::App& cmd) {
       return limit > 0 ? fmt::format("capped at {} tokens ({} requests)", limit, capped) : std::string("not capped");
     };
     std::printf("workload: %s, %zu of %d requests; arrival times x %g, lengths x %g (a hash id is %d tokens, not "
-                "%d); inputs %s, outputs %s\n",
+                "%d), outputs x %g; inputs %s, outputs %s\n",
                 f.trace.c_str(), workload.size(), replay.requests_in_trace, s.time_scale, s.length_scale,
-                replay.block_tokens, kTraceBlockTokens, cap(s.max_input, replay.inputs_capped).c_str(),
-                cap(s.max_output, replay.outputs_capped).c_str());
+                replay.block_tokens, kTraceBlockTokens, s.output_scale > 0 ? s.output_scale : s.length_scale,
+                cap(s.max_input, replay.inputs_capped).c_str(), cap(s.max_output, replay.outputs_capped).c_str());
   }
   std::printf("engine: max batch %d, %d tokens per step, %d KV blocks of %d tokens, prefix cache %s, attention %s%s\n",
               options.max_batch, options.max_step_tokens, run.kv_blocks, options.block_size,
@@ -467,6 +468,7 @@ void run_throughput(const ThroughputFlags& f, const CLI::App& cmd) {
       const TraceScaling& s = f.scaling;
       config["trace"] = f.trace;
       config["scaling"] = {{"time_scale", s.time_scale},        {"length_scale", s.length_scale},
+                           {"output_scale", s.output_scale > 0 ? s.output_scale : s.length_scale},
                            {"block_tokens", replay.block_tokens}, {"max_requests", s.max_requests},
                            {"max_input", s.max_input},          {"max_output", s.max_output},
                            {"requests_in_trace", replay.requests_in_trace},
@@ -518,6 +520,8 @@ void register_bench_throughput(CLI::App& bench) {
   cmd->add_option("--time-scale", flags->scaling.time_scale, "replay: multiply arrival times (default 1; 0: all at once)");
   cmd->add_option("--length-scale", flags->scaling.length_scale,
                   "replay: multiply input and output lengths and the 512-token block (default 1)");
+  cmd->add_option("--output-scale", flags->scaling.output_scale,
+                  "replay: multiply output lengths by this instead of --length-scale (default: as --length-scale)");
   cmd->add_option("--max-requests", flags->scaling.max_requests, "replay: only the first N requests (default all)");
   cmd->add_option("--max-input", flags->scaling.max_input, "replay: cap on scaled input tokens (default none)");
   cmd->add_option("--max-output", flags->scaling.max_output, "replay: cap on scaled output tokens (default none)");

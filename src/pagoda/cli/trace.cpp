@@ -93,6 +93,8 @@ Replay build_replay(const std::vector<TraceEntry>& trace, const TraceScaling& s,
     fail(ErrorKind::kInvalidArgument, "--time-scale must be in [0, 1000], not {}", s.time_scale);
   if (!(s.length_scale > 0) || s.length_scale > 16)
     fail(ErrorKind::kInvalidArgument, "--length-scale must be in (0, 16], not {}", s.length_scale);
+  if (!(s.output_scale >= 0) || s.output_scale > 16)
+    fail(ErrorKind::kInvalidArgument, "--output-scale must be in (0, 16] (0: as --length-scale), not {}", s.output_scale);
   if (s.max_requests < 0 || s.max_input < 0 || s.max_output < 0)
     fail(ErrorKind::kInvalidArgument, "--max-requests, --max-input and --max-output must be >= 0 (0: no limit)");
   if (vocab < 1) fail(ErrorKind::kInvalidArgument, "a replay needs a vocabulary of at least one token");
@@ -111,7 +113,7 @@ Replay build_replay(const std::vector<TraceEntry>& trace, const TraceScaling& s,
       input = s.max_input;
       ++replay.inputs_capped;
     }
-    int32_t output = scale_length(e.output_length, s.length_scale);
+    int32_t output = scale_length(e.output_length, s.output_scale > 0 ? s.output_scale : s.length_scale);
     if (s.max_output > 0 && output > s.max_output) {
       output = s.max_output;
       ++replay.outputs_capped;

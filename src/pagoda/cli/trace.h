@@ -32,6 +32,9 @@ std::vector<TraceEntry> read_trace_file(const std::string& path);
 struct TraceScaling {
   double time_scale = 1;    // arrival times are multiplied by this (0: every request at once)
   double length_scale = 1;  // input and output lengths and the block size are multiplied by this
+  // Output lengths are multiplied by this instead, when it is not 0: a replay whose prompts are
+  // scaled down to fit can keep the trace's outputs, so that decode steps are most of its time.
+  double output_scale = 0;
   int32_t max_requests = 0;  // replay only the first N (0: all)
   int32_t max_input = 0;     // caps on the scaled lengths (0: none)
   int32_t max_output = 0;
