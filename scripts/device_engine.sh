@@ -8,7 +8,7 @@
 # The GPU tests of the whole model need the default model (SmolLM2, 98 MB), which no single call
 # can carry (64 MiB): split it here (`split -n 3 -d FILE`, a part in each of .device-model/{a,b,c}),
 # carry one part per call, `cat` them together there and export PAGODA_MODEL=that file.
-# STEPS (in this order): build tests llama3 trace shared llama2 hf
+# STEPS (in this order): build tests llama3 trace shared trace_modes llama2 hf
 # Environment: MODELS (where checkpoints go) [/tmp/pagoda-models], OUTPUT (offline output tokens)
 # [2048], HF_OUTPUT (output tokens of the transformers run) [256]
 set -euo pipefail
@@ -90,6 +90,22 @@ if has shared; then
   runs=("${attention_runs[@]/#/$out/}")
   $python bench/compare_attention_modes.py "${runs[@]/%/.json}" --md "$out/attention_modes.md" || true
   deliver gpu.txt attention_modes.md
+fi
+
+# Decode attention in the engine under a real trace's prefix sharing: the whole Mooncake trace,
+# prompts x 1/16 and outputs x 1/4 (so that decode steps, not prefills, are most of its time),
+# under each --attention, one after another.
+if has trace_modes; then
+  make_model llama3-8b
+  for attention in paged prefix auto; do
+    ./build/pagoda bench throughput -m "$models/llama3-8b" --backend cuda --trace .device-data/mooncake_synthetic_trace.jsonl \
+      --time-scale 0.05 --length-scale 0.0625 --output-scale 0.25 --max-input 7300 --attention "$attention" \
+      --max-batch 64 --step-tokens 8192 --kv-memory-mb 40000 --json "$out/trace_modes_$attention.json" 2>&1 |
+      grep -E "TPOT|wall time|prefix-attention steps|step planning"
+    deliver gpu.txt  # the JSON travels in the archive
+  done
+  $python bench/compare_attention_modes.py "$out"/trace_modes_{paged,prefix,auto}.json --md "$out/trace_modes.md" || true
+  deliver gpu.txt trace_modes.md
 fi
 
 if has llama2; then
