@@ -181,6 +181,7 @@ RunResult run_workload(Session& session, const EngineOptions& options, const std
   result.graphs = session.backend->graph_stats();
   result.graphs.captures -= graphs_before.captures;
   result.graphs.replays -= graphs_before.replays;
+  result.graphs.invalidations -= graphs_before.invalidations;
   for (const RequestTiming& t : result.requests) result.wall_s = std::max(result.wall_s, t.last_token_s);
   return result;
 }
@@ -383,7 +384,7 @@ void run_throughput(const ThroughputFlags& f, const CLI::App& cmd) {
     std::printf("workload: %s, %zu of %d requests; arrival times x %g, lengths x %g (a hash id is %d tokens, not "
                 "%d), outputs x %g; inputs %s, outputs %s\n",
                 f.trace.c_str(), workload.size(), replay.requests_in_trace, s.time_scale, s.length_scale,
-                replay.block_tokens, kTraceBlockTokens, s.output_scale > 0 ? s.output_scale : s.length_scale,
+                replay.block_tokens, kTraceBlockTokens, s.output_factor(),
                 cap(s.max_input, replay.inputs_capped).c_str(), cap(s.max_output, replay.outputs_capped).c_str());
   }
   std::printf("engine: max batch %d, %d tokens per step, %d KV blocks of %d tokens, prefix cache %s, attention %s%s\n",
@@ -468,7 +469,7 @@ void run_throughput(const ThroughputFlags& f, const CLI::App& cmd) {
       const TraceScaling& s = f.scaling;
       config["trace"] = f.trace;
       config["scaling"] = {{"time_scale", s.time_scale},        {"length_scale", s.length_scale},
-                           {"output_scale", s.output_scale > 0 ? s.output_scale : s.length_scale},
+                           {"output_scale", s.output_factor()},
                            {"block_tokens", replay.block_tokens}, {"max_requests", s.max_requests},
                            {"max_input", s.max_input},          {"max_output", s.max_output},
                            {"requests_in_trace", replay.requests_in_trace},

@@ -113,7 +113,7 @@ Replay build_replay(const std::vector<TraceEntry>& trace, const TraceScaling& s,
       input = s.max_input;
       ++replay.inputs_capped;
     }
-    int32_t output = scale_length(e.output_length, s.output_scale > 0 ? s.output_scale : s.length_scale);
+    int32_t output = scale_length(e.output_length, s.output_factor());
     if (s.max_output > 0 && output > s.max_output) {
       output = s.max_output;
       ++replay.outputs_capped;

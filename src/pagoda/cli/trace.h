@@ -38,6 +38,9 @@ struct TraceScaling {
   int32_t max_requests = 0;  // replay only the first N (0: all)
   int32_t max_input = 0;     // caps on the scaled lengths (0: none)
   int32_t max_output = 0;
+
+  // What output lengths are multiplied by.
+  double output_factor() const { return output_scale > 0 ? output_scale : length_scale; }
 };
 
 struct ReplayRequest {

@@ -88,8 +88,6 @@ void CudaBackend::begin_step(const StepBatch& step) {
     // For a graph's step, launches that stay the same from step to step.
     prefix_.upload(*step.prefix_plan, step.decode_batch, step.shape, *prefix_tiles_, stream_, step.graph_rows);
   } else if (num_decode_ > 0) {
-    decode_.items.make_room(step.decode_plan.items.size());
-    decode_.block_ids.make_room(step.decode_batch.block_ids.size());
     decode_.upload(step.decode_plan, step.decode_batch, step.shape, stream_);
   }
   has_prefill_ = !step.prefill_seqs.empty();

@@ -12,10 +12,10 @@ namespace pagoda::cuda {
 
 void DecodeWorkspace::upload(const attention::DecodePlan& plan, const attention::DecodeBatch& batch,
                              const attention::AttentionShape& shape, cudaStream_t stream) {
-  items.upload(plan.items, stream);
+  items.upload_grown(plan.items, stream);
   merges.upload(plan.merges, stream);
   max_partials = attention::max_partials(plan.merges);
-  block_ids.upload(batch.block_ids, stream);
+  block_ids.upload_grown(batch.block_ids, stream);
   // The plan came from plan_decode, which rejected a shape without kv heads; stay safe anyway.
   group_size = shape.num_kv_heads > 0 ? shape.group_size() : 0;
   head_dim = shape.head_dim;

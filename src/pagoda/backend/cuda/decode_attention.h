@@ -39,6 +39,8 @@ struct DecodeOptions {
 
 // What a decode step's kernels read from device memory, uploaded once per step and shared by
 // every layer: the plan's items and merges, the batch's block ids, and the partial-state scratch.
+// The items and block ids grow geometrically, so that a CUDA graph's step (which holds their
+// addresses) rarely sees them move.
 struct DecodeWorkspace {
   DeviceArray<attention::WorkItem> items;
   DeviceArray<attention::MergeTask> merges;
