@@ -17,6 +17,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <initializer_list>
 #include <random>
@@ -473,6 +474,75 @@ TEST(PrefixSchedule, RunsEveryItemOnceLongestFirstOnTheFewestCtas) {
   for (int32_t i = 0; i < 256; ++i) EXPECT_EQ(items[size_t(i)], i);
   // 264 of them fill 132 CTAs: no fewer finish as early.
   EXPECT_EQ(prefix_schedule(std::vector<KernelUnit>(33, units[0]), 8, 132).ctas, 132);
+}
+
+// The schedule's rule the plain way, as a reference: units stably by falling cost, each unit's kv
+// heads in order, each item to the least loaded CTA (the lowest index among equals) found by a
+// scan; then the same on num_items / rounds CTAs where those fill whole rounds and finish no later.
+PrefixSchedule scanned_schedule(const std::vector<KernelUnit>& units, int32_t heads, int32_t workers) {
+  std::vector<int32_t> order(units.size());
+  for (size_t i = 0; i < order.size(); ++i) order[i] = int32_t(i);
+  std::ranges::stable_sort(order, [&](int32_t a, int32_t b) {
+    return prefix_item_cost(units[size_t(a)]) > prefix_item_cost(units[size_t(b)]);
+  });
+  const int64_t num_items = int64_t(units.size()) * heads;
+  // Each CTA's items in order, and the most loaded CTA's cost.
+  auto deal = [&](int32_t ctas, std::vector<std::vector<int32_t>>& items) {
+    std::vector<int64_t> load(size_t(ctas), 0);
+    items.assign(size_t(ctas), {});
+    for (int32_t u : order) {
+      for (int32_t h = 0; h < heads; ++h) {
+        const size_t least = size_t(std::ranges::min_element(load) - load.begin());
+        load[least] += prefix_item_cost(units[size_t(u)]);
+        items[least].push_back(u * heads + h);
+      }
+    }
+    return load.empty() ? 0 : *std::ranges::max_element(load);
+  };
+  auto rounds_of = [](const std::vector<std::vector<int32_t>>& items) {
+    size_t rounds = 0;
+    for (const auto& cta : items) rounds = std::max(rounds, cta.size());
+    return int64_t(rounds);
+  };
+  PrefixSchedule schedule;
+  schedule.ctas = int32_t(std::min<int64_t>(num_items, workers));
+  std::vector<std::vector<int32_t>> items, fewer;
+  const int64_t makespan = deal(schedule.ctas, items);
+  const int64_t rounds = rounds_of(items);
+  if (rounds > 0 && num_items % rounds == 0 && num_items / rounds < schedule.ctas &&
+      deal(int32_t(num_items / rounds), fewer) <= makespan) {
+    schedule.ctas = int32_t(num_items / rounds);
+    items.swap(fewer);
+  }
+  schedule.slots.assign(size_t(rounds_of(items) * schedule.ctas), -1);
+  for (int32_t cta = 0; cta < schedule.ctas; ++cta) {
+    for (size_t n = 0; n < items[size_t(cta)].size(); ++n) {
+      schedule.slots[size_t(cta) + n * size_t(schedule.ctas)] = items[size_t(cta)][n];
+    }
+  }
+  return schedule;
+}
+
+TEST(PrefixSchedule, DealsAsAScanForTheLeastLoadedCta) {
+  // Units of few distinct costs (many ties among the loads) and of many, some of cost 0 (no
+  // token), over worker counts that do and do not divide the items.
+  std::mt19937 rng(11);
+  for (int trial = 0; trial < 60; ++trial) {
+    const bool few_costs = trial % 2 == 0;
+    const int32_t heads = std::array{1, 4, 8, 32}[size_t(trial % 4)];
+    const int32_t workers = std::array{3, 7, 128, 132}[size_t(trial / 4 % 4)];
+    std::vector<KernelUnit> units(1 + rng() % 200);
+    for (KernelUnit& u : units) {
+      const int32_t tokens = few_costs ? 64 * int32_t(1 + rng() % 3) : int32_t(rng() % 3000);
+      const int32_t rows = few_costs ? 16 : 1 + int32_t(rng() % 128);
+      u = {.block_begin = 0, .num_tokens = tokens, .query_begin = 0, .rows = rows, .first_rows = rows,
+           .tail_tiles = few_costs || tokens == 0 ? 0 : int32_t(rng() % 5)};
+    }
+    const PrefixSchedule expected = scanned_schedule(units, heads, workers);
+    const PrefixSchedule schedule = prefix_schedule(units, heads, workers);
+    ASSERT_EQ(schedule.ctas, expected.ctas) << "trial " << trial;
+    ASSERT_EQ(schedule.slots, expected.slots) << "trial " << trial;
+  }
 }
 
 // ---- Random forests, small enough for the CPU executor over the whole batch.

@@ -8,7 +8,9 @@
 // reads (every shared block once), and heavy GQA groups over long shared prefixes can make the
 // tensor cores the limit instead. "frac" is unique KV bytes / time / bandwidth (the and
 // PAT's measure); "of bound" is the bound / time. The planner's own cost is timed on the host:
-// planning from scratch, reusing an unchanged plan, and updating it after every sequence grew.
+// planning from scratch, reusing an unchanged plan, updating it after every sequence grew, and
+// (with the CUDA backend built) the kernel's work items and their schedule over the workers, which
+// the backend makes from a plan at every step.
 // Each head shape's launch floor (both kernels on one sequence of one block) is timed alike and
 // recorded with every batch: the fixed cost of a launch here, a large share of a small batch.
 // --plan-only prints the planning figures without a GPU.
@@ -108,6 +110,7 @@ struct PlanFigures {
   double flops = 0;
   attention::PlanTraffic traffic, unpacked;
   double plan_us = 0, reuse_us = 0, grow_us = 0;
+  double schedule_us = -1;  // -1: no CUDA backend built
 };
 
 PlanFigures plan_figures(const std::string& tree, HeadSpec heads, const PrefixBenchFlags& flags,
@@ -146,6 +149,12 @@ PlanFigures plan_figures(const std::string& tree, HeadSpec heads, const PrefixBe
       fail(ErrorKind::kInternal, "bench prefix-attention: a grown batch was replanned from scratch");
   }
   f.grow_us = median(grow);
+#if PAGODA_HAVE_CUDA
+  f.schedule_us = host_us(51, [&] {
+    const cuda::KernelUnits kernel = cuda::kernel_units(f.plan, f.batch.block_ids, flags.block_size, cuda::kPrefixOneTileRows);
+    cuda::prefix_schedule(kernel.units, heads.kv_heads, device.num_workers);
+  });
+#endif
   return f;
 }
 
@@ -165,13 +174,14 @@ nlohmann::json plan_json(const PlanFigures& f) {
           {"unpacked_bytes", f.unpacked.total()},
           {"plan_us", f.plan_us},
           {"reuse_us", f.reuse_us},
-          {"grow_us", f.grow_us}};
+          {"grow_us", f.grow_us},
+          {"schedule_us", f.schedule_us}};
 }
 
 void run_plan_only(const PrefixBenchFlags& flags, const std::vector<HeadSpec>& heads) {
   nlohmann::json configs = nlohmann::json::array();
-  std::printf("%-42s %6s %7s %10s %10s %10s %9s %9s %9s\n", "tree", "heads", "units", "unique MB", "plan MB",
-              "unpacked", "plan us", "reuse us", "grow us");
+  std::printf("%-42s %6s %7s %10s %10s %10s %9s %9s %9s %9s\n", "tree", "heads", "units", "unique MB", "plan MB",
+              "unpacked", "plan us", "reuse us", "grow us", "sched us");
   for (const std::string& tree : flags.trees) {
     for (HeadSpec h : heads) {
       // The GPU kernel's options at these heads (prefix_plan_options): f16 partial states, and
@@ -180,9 +190,9 @@ void run_plan_only(const PrefixBenchFlags& flags, const std::vector<HeadSpec>& h
           .partial_o_bytes_per_element = 2,
           .max_tail_tokens = cuda::prefix_max_tail_tokens(h.q_heads / h.kv_heads, flags.block_size)};
       const PlanFigures f = plan_figures(tree, h, flags, options, {.num_workers = flags.workers}, 2);
-      std::printf("%-42s %3d/%-2d %7zu %10.1f %10.1f %10.1f %9.1f %9.2f %9.1f\n", tree.c_str(), h.q_heads, h.kv_heads,
-                  f.plan.units.size(), f.unique_bytes / 1e6, f.traffic.total() / 1e6, f.unpacked.total() / 1e6,
-                  f.plan_us, f.reuse_us, f.grow_us);
+      std::printf("%-42s %3d/%-2d %7zu %10.1f %10.1f %10.1f %9.1f %9.2f %9.1f %9.1f\n", tree.c_str(), h.q_heads,
+                  h.kv_heads, f.plan.units.size(), f.unique_bytes / 1e6, f.traffic.total() / 1e6,
+                  f.unpacked.total() / 1e6, f.plan_us, f.reuse_us, f.grow_us, f.schedule_us);
       configs.push_back({{"tree", tree}, {"q_heads", h.q_heads}, {"kv_heads", h.kv_heads},
                          {"queries", f.batch.num_seqs()}, {"unique_kv_bytes", f.unique_bytes},
                          {"plan", plan_json(f)}});

@@ -40,7 +40,7 @@ PrefixKernelResources prefix_kernel_resources(DType dtype, int head_dim) {
     r.stages = C::kStages;
     r.tile_tokens = C::kTileTokens;
     r.max_rows = C::kMaxRows;
-    r.one_tile_rows = C::kStageQRows;
+    r.one_tile_rows = kPrefixOneTileRows;
     r.registers = attributes.numRegs;
     r.spill_bytes = int(attributes.localSizeBytes);
   });

@@ -142,6 +142,7 @@ struct PrefixTiledConfig {
   static_assert(kHeadDim % 64 == 0, "the swizzle needs at least 8 chunks per row");
   static_assert(kQuerySlots >= kLookahead + kStages + 1);
   static_assert(kMaxRows == 128 && kStageQRows == 64, "prefix_m_tile's M tiles");
+  static_assert(kStageQRows == kPrefixOneTileRows);
   static_assert(kProducerThreads % 128 == 0 && kConsumerThreads % 128 == 0, "whole warpgroups");
   static_assert(kProducerRegisters * kProducerThreads + kConsumerRegisters * kConsumerThreads <=
                     65536 / kThreads / 8 * 8 * kThreads,
