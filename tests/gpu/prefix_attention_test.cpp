@@ -529,8 +529,8 @@ TEST(PrefixSchedule, DealsAsAScanForTheLeastLoadedCta) {
   std::mt19937 rng(11);
   for (int trial = 0; trial < 60; ++trial) {
     const bool few_costs = trial % 2 == 0;
-    const int32_t heads = std::array{1, 4, 8, 32}[size_t(trial % 4)];
-    const int32_t workers = std::array{3, 7, 128, 132}[size_t(trial / 4 % 4)];
+    const int32_t heads = std::array{1, 4, 8, 32}[size_t(trial / 2 % 4)];
+    const int32_t workers = std::array{3, 7, 128, 132}[size_t(trial / 8 % 4)];
     std::vector<KernelUnit> units(1 + rng() % 200);
     for (KernelUnit& u : units) {
       const int32_t tokens = few_costs ? 64 * int32_t(1 + rng() % 3) : int32_t(rng() % 3000);
