@@ -144,6 +144,9 @@ KernelUnits kernel_units(const attention::PrefixPlan& plan, std::span<const int3
   KernelUnits k;
   k.units.reserve(plan.units.size());
   k.queries.reserve(plan.unit_queries.size());
+  size_t most_tail_tiles = 0;  // a tile per 64-token piece of a tail at most
+  for (const attention::UnitTail& t : plan.unit_tails) most_tail_tiles += size_t((t.num_tokens + kTile - 1) / kTile);
+  k.tail_tiles.reserve(most_tail_tiles);
   const auto append_queries = [&](const attention::PrefixUnit& u) {
     k.queries.insert(k.queries.end(), plan.unit_queries.begin() + u.query_begin,
                      plan.unit_queries.begin() + u.query_begin + u.num_queries);
@@ -171,7 +174,7 @@ KernelUnits kernel_units(const attention::PrefixPlan& plan, std::span<const int3
   };
   std::vector<TailPiece> pieces;
   std::vector<PrefixTailTile> unit_tiles;
-  std::vector<int32_t> first_block, ordinal, order;
+  std::vector<int32_t> first_block, by_block;
   const auto push_tails = [&](const attention::PrefixUnit& u) {
     KernelUnit& k_unit = k.units.back();
     const int32_t group = plan.group, warps_m = prefix_m_tile(k_unit.rows) / 16;
@@ -183,10 +186,13 @@ KernelUnits kernel_units(const attention::PrefixPlan& plan, std::span<const int3
         pieces.push_back({t.query_begin, t.query_end, t.block_begin + at / block_size, std::min(kTile, t.num_tokens - at)});
       }
     }
-    std::ranges::stable_sort(pieces, [](const TailPiece& a, const TailPiece& b) {
+    const auto before = [](const TailPiece& a, const TailPiece& b) {
       return a.query_end - a.query_begin != b.query_end - b.query_begin ? a.query_end - a.query_begin < b.query_end - b.query_begin
                                                                           : a.query_begin < b.query_begin;
-    });
+    };
+    // Often in order already (leaves of one query each, in query order), and a stable sort
+    // allocates.
+    if (!std::ranges::is_sorted(pieces, before)) std::ranges::stable_sort(pieces, before);
     const auto ids_of = [&](PrefixTailTile& tile, const TailPiece& piece, int32_t from) {
       for (int32_t b = 0; b * block_size < piece.tokens; ++b) tile.ids[from + b] = block_ids[size_t(piece.block_begin + b)];
     };
@@ -210,31 +216,35 @@ KernelUnits kernel_units(const attention::PrefixPlan& plan, std::span<const int3
       unit_tiles.push_back(tile);
     }
     // Row blocks in turn: each tile's rank among the tiles of its first row block, then that block.
-    first_block.assign(unit_tiles.size(), 0);
-    ordinal.assign(unit_tiles.size(), 0);
-    std::array<int32_t, 8> seen{};  // tiles so far by first row block (at most 128 rows)
+    // A counting sort by block lays each block's tiles out in a run, in order, and the runs are
+    // read across, rank by rank.
+    first_block.resize(unit_tiles.size());
+    std::array<int32_t, 8> seen{};  // tiles by first row block (at most 128 rows)
     for (size_t i = 0; i < unit_tiles.size(); ++i) {
       const PrefixTailTile& t = unit_tiles[i];
       const int32_t lo = t.second_end > t.second_begin ? std::min(t.first_begin, t.second_begin) : t.first_begin;
       first_block[i] = lo * group / 16;
-      ordinal[i] = seen[size_t(first_block[i])]++;
+      ++seen[size_t(first_block[i])];
     }
-    order.resize(unit_tiles.size());
-    std::iota(order.begin(), order.end(), 0);
-    std::ranges::stable_sort(order, [&](int32_t x, int32_t y) {
-      return ordinal[size_t(x)] != ordinal[size_t(y)] ? ordinal[size_t(x)] < ordinal[size_t(y)]
-                                                      : first_block[size_t(x)] < first_block[size_t(y)];
-    });
+    std::array<int32_t, 8> run_begin{};
+    for (size_t b = 1; b < run_begin.size(); ++b) run_begin[b] = run_begin[b - 1] + seen[b - 1];
+    std::array<int32_t, 8> run_end = run_begin;
+    by_block.resize(unit_tiles.size());
+    for (size_t i = 0; i < unit_tiles.size(); ++i) by_block[size_t(run_end[size_t(first_block[i])]++)] = int32_t(i);
     k_unit.tail_begin = int32_t(k.tail_tiles.size());
-    for (const int32_t i : order) {
-      PrefixTailTile tile = unit_tiles[size_t(i)];
-      const int32_t turn = ordinal[size_t(i)] % warps_n;
-      for (const auto& [lo, hi] : {std::pair{tile.first_begin, tile.first_end}, {tile.second_begin, tile.second_end}}) {
-        for (int32_t block = lo * group / 16; lo < hi && block <= (hi * group - 1) / 16; ++block) {
-          tile.warps |= 1 << (block + warps_m * turn);
+    const int32_t ranks = *std::ranges::max_element(seen);
+    for (int32_t n = 0; n < ranks; ++n) {
+      for (size_t b = 0; b < seen.size(); ++b) {
+        if (n >= seen[b]) continue;
+        PrefixTailTile tile = unit_tiles[size_t(by_block[size_t(run_begin[b] + n)])];
+        const int32_t turn = n % warps_n;
+        for (const auto& [lo, hi] : {std::pair{tile.first_begin, tile.first_end}, {tile.second_begin, tile.second_end}}) {
+          for (int32_t block = lo * group / 16; lo < hi && block <= (hi * group - 1) / 16; ++block) {
+            tile.warps |= 1 << (block + warps_m * turn);
+          }
         }
+        k.tail_tiles.push_back(tile);
       }
-      k.tail_tiles.push_back(tile);
     }
     k_unit.tail_tiles = int32_t(k.tail_tiles.size()) - k_unit.tail_begin;
   };
