@@ -72,6 +72,8 @@ def split_roles(launch: Launch) -> dict[str, list[list[str]]]:
 
 def describe(launch: Launch, top: int) -> str:
     total = launch.samples()
+    source = launch.column["Source"]
+    index = {id(r): i for i, r in enumerate(launch.rows)}
     out = [f"{launch.kernel}: {total} samples, {len(launch.rows)} instructions"]
     for role, rows in split_roles(launch).items():
         samples = launch.samples(rows)
@@ -93,17 +95,16 @@ def describe(launch: Launch, top: int) -> str:
         out.append("  instructions by times run (most executed first):")
         for count, (n, s) in sorted(by_count.items(), key=lambda kv: -kv[0] * kv[1][0])[:top]:
             out.append(f"    {n:5d} x {count:10d} = {n * count:12d} executed, {s} samples")
-    out.append("\nhottest instructions:")
-    source = launch.column["Source"]
-    hottest = sorted(range(len(launch.rows)), key=lambda i: -launch.number(launch.rows[i], SAMPLES))[:top]
-    for i in hottest:
-        r = launch.rows[i]
-        n = launch.number(r, SAMPLES)
-        if n == 0:
-            break
-        why = ", ".join(f"{reason[len('stall_'):]} {100 * launch.number(r, reason) / n:.0f}%"
-                        for reason in launch.reasons if launch.number(r, reason) * 5 > n)
-        out.append(f"  {i:5d} {100 * n / total:5.1f}%  {r[source].strip()[:60]:60s} {why}")
+        # Per role: the producers' waits are few beside the others' and would not make a list of
+        # the whole kernel's hottest.
+        out.append("  hottest instructions (index in the kernel, share of its samples):")
+        for r in sorted(rows, key=lambda r: -launch.number(r, SAMPLES))[:top]:
+            n = launch.number(r, SAMPLES)
+            if n == 0:
+                break
+            why = ", ".join(f"{reason[len('stall_'):]} {100 * launch.number(r, reason) / n:.0f}%"
+                            for reason in launch.reasons if launch.number(r, reason) * 5 > n)
+            out.append(f"    {index[id(r)]:5d} {100 * n / total:5.1f}%  {r[source].strip()[:60]:60s} {why}")
     return "\n".join(out)
 
 

@@ -75,9 +75,16 @@ class NcuStallsTest(unittest.TestCase):
         self.assertIn("3 x       1000 =         3000 executed, 60 samples", report)
         self.assertIn("others: 82 samples (57.7%), 6020 instructions executed", report)
         self.assertIn("stalls: long_sb 73.2%, wait 26.8%", report)
-        hottest = report.split("hottest instructions:")[1].splitlines()[1]
-        self.assertIn("42.3%  SYNCS.PHASECHK.TRANS64.TRYWAIT", hottest)
-        self.assertIn("long_sb 100%", hottest)
+        # Each role's hottest instructions, indexed in the kernel: the producers' first copy (index
+        # 6, 30 of the 142 samples) heads theirs though the others' wait (60) is hotter.
+        producers, others = report.split("others:")
+        hottest = producers.split("hottest instructions")[1].splitlines()[1]
+        self.assertIn("    6  21.1%  LDGSTS.E.BYPASS.128 [R21], desc[UR8][R6.64]", hottest)
+        self.assertIn("wait 100%", hottest)
+        hottest = others.split("hottest instructions")[1].splitlines()[1:]
+        self.assertIn("    1  42.3%  SYNCS.PHASECHK.TRANS64.TRYWAIT", hottest[0])
+        self.assertIn("long_sb 100%", hottest[0])
+        self.assertEqual(len(hottest), 3)  # top=3, of the role's 6 instructions
 
     def test_command_line_reads_gzip_and_reports_each_kernel(self):
         with tempfile.TemporaryDirectory() as d:
