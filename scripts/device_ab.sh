@@ -19,6 +19,8 @@
 #           [prefix]
 #   TESTS   the variants' GPU tests to run, a gtest filter; empty: none (a measurement-only hack
 #           that breaks other shapes) [*Prefix*]
+#   GPU     run only on a card whose name holds this (e.g. H200: a call for an nvidia-h200 may be
+#           served by an H100); on another card stop before any build, exit status 3 [any card]
 set -uo pipefail
 (($#)) || { echo "usage: bash scripts/device_ab.sh PATCH..." >&2; exit 2; }
 patches=()
@@ -43,6 +45,11 @@ bench_args=()
 jobs=$(($(nproc) / ($# + 1)))
 ((jobs > 0)) || jobs=1
 nvidia-smi --query-gpu=name --format=csv,noheader | tee "$out/gpu.txt"
+card=$(head -n1 "$out/gpu.txt")
+if [[ -n ${GPU:-} && $card != *"$GPU"* ]]; then
+  echo "device_ab: the card is '$card', not an $GPU: nothing run" >&2
+  exit 3
+fi
 
 # Every variant's copy first, so that a patch that does not apply stops the call before any build.
 repo=$PWD

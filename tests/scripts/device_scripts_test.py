@@ -138,6 +138,16 @@ class DeviceScripts(unittest.TestCase):
             self.assertFalse(os.path.exists(self.out), args)
             self.assertFalse(os.path.exists(os.path.join(self.tree, "build")), args)
 
+    def test_ab_on_another_card_runs_nothing(self):
+        run = self.run_script(["bash", "scripts/device_ab.sh", self.patch], TESTS="", GPU="H200")
+        self.assertEqual(run.returncode, 3, run.stderr)
+        self.assertIn("the card is 'NVIDIA Stub', not an H200: nothing run", run.stderr)
+        self.assertFalse(os.path.exists(os.path.join(self.tree, "build")))
+        self.assertEqual(sorted(os.listdir(self.out)), ["device_ab.tgz", "gpu.txt"])
+        run = self.run_script(["bash", "scripts/device_ab.sh", self.patch], TESTS="", GPU="Stub")
+        self.assertEqual(run.returncode, 0, run.stderr)
+        self.assertIn("ab.txt", os.listdir(self.out))
+
     def test_ab_two_variants_of_one_name(self):
         other = os.path.join(self.dir, "again")
         os.makedirs(other)
