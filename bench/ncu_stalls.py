@@ -95,8 +95,8 @@ def describe(launch: Launch, top: int) -> str:
         out.append("  instructions by times run (most executed first):")
         for count, (n, s) in sorted(by_count.items(), key=lambda kv: -kv[0] * kv[1][0])[:top]:
             out.append(f"    {n:5d} x {count:10d} = {n * count:12d} executed, {s} samples")
-        # Per role: the producers' waits are few beside the others' and would not make a list of
-        # the whole kernel's hottest.
+        # Per role: in one list for the whole kernel the producers' few samples sit among, or fall
+        # below, the consumers' many.
         out.append("  hottest instructions (index in the kernel, share of its samples):")
         for r in sorted(rows, key=lambda r: -launch.number(r, SAMPLES))[:top]:
             n = launch.number(r, SAMPLES)

@@ -47,7 +47,7 @@ jobs=$(($(nproc) / ($# + 1)))
 nvidia-smi --query-gpu=name --format=csv,noheader | tee "$out/gpu.txt"
 card=$(head -n1 "$out/gpu.txt")
 if [[ -n ${GPU:-} && $card != *"$GPU"* ]]; then
-  echo "device_ab: the card is '$card', not an $GPU: nothing run" >&2
+  echo "device_ab: the card is '$card', and GPU=$GPU asks for another: nothing run" >&2
   exit 3
 fi
 

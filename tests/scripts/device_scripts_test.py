@@ -141,7 +141,7 @@ class DeviceScripts(unittest.TestCase):
     def test_ab_on_another_card_runs_nothing(self):
         run = self.run_script(["bash", "scripts/device_ab.sh", self.patch], TESTS="", GPU="H200")
         self.assertEqual(run.returncode, 3, run.stderr)
-        self.assertIn("the card is 'NVIDIA Stub', not an H200: nothing run", run.stderr)
+        self.assertIn("the card is 'NVIDIA Stub', and GPU=H200 asks for another: nothing run", run.stderr)
         self.assertFalse(os.path.exists(os.path.join(self.tree, "build")))
         self.assertEqual(sorted(os.listdir(self.out)), ["device_ab.tgz", "gpu.txt"])
         run = self.run_script(["bash", "scripts/device_ab.sh", self.patch], TESTS="", GPU="Stub")
