@@ -121,6 +121,11 @@ class ComparePrefixTest(unittest.TestCase):
         text = compare_prefix.render(run, rows, s)
         self.assertIn(f"- the same over all 3 configurations with sharing in this run, 1 of them without PAT "
                       f"figures: {(0.5 * 0.8 * 0.25) ** (1 / 3):.3f}\n", text)
+        # The bound plus the floor: 5 / (5 + 5) joins the listed two in the mean over all three.
+        every = (10 / 15 * 8 / 13 * 5 / 10) ** (1 / 3)
+        self.assertAlmostEqual(s["bound_plus_floor"], every)
+        self.assertAlmostEqual(s["bound_plus_floor_listed"], BOUND_PLUS_FLOOR)
+        self.assertIn(f"would reach {every:.3f} of the bound ({BOUND_PLUS_FLOOR:.3f} over the listed ones)\n", text)
 
     def test_command_writes_the_figures(self):
         md = os.path.join(self.dir.name, "out.md")
@@ -134,7 +139,7 @@ class ComparePrefixTest(unittest.TestCase):
         self.assertNotIn("configurations with sharing in this run", text)  # every one is listed
         self.assertIn("- at least FlashInfer's cascade speed: 1 of 2\n", text)
         self.assertIn(f"bound / (time - floor): {ABOVE_FLOOR:.3f}; a kernel taking the bound plus the floor "
-                      f"would reach {BOUND_PLUS_FLOOR:.3f}", text)
+                      f"would reach {BOUND_PLUS_FLOOR:.3f} of the bound\n", text)  # every one is listed
         self.assertIn("| `1,4_64,32` | 32/32 | 1.0 | 8.0 m | 10.0 | 0.80 | 0.80 | 0.70 | 0.95 | **no** |", text)
         self.assertIn("- `256_4096` 32/8: 0.980 of the bound (target 0.95), 2.000x the issue-3 kernel", text)
         self.assertIn("layer): pagoda 5.0 µs, issue-3 kernel 3.0 µs\n", text)
