@@ -89,9 +89,10 @@ def summarize(run: dict, pat: dict[tuple[str, str], float], fi: dict) -> tuple[l
             floors[key[1]] = (floor, c["floor"]["decode_us"])
             if sharing:
                 bound = c["bound"]["bound_us"]
-                at_bound_plus_floor.append(bound / (bound + floor))
+                ceiling = bound / (bound + floor)
+                at_bound_plus_floor.append(ceiling)
                 if pat_frac is not None:
-                    listed_bound_plus_floor.append(bound / (bound + floor))
+                    listed_bound_plus_floor.append(ceiling)
                 if c["prefix"]["median_us"] > floor:
                     above_floor.append(bound / (c["prefix"]["median_us"] - floor))
                 else:  # a batch timed at or under the floor has no time above it to compare
