@@ -111,7 +111,7 @@ struct PrefixTiledConfig {
   static constexpr int kGroupHalfBytes = kKvMapBoxTokens * 128;     // their 64-element halves, one after the other
   static constexpr int kQBytes = kStageQRows * kRowBytes;
   static constexpr int kStageBytes = 2 * kKvTileBytes + kQBytes;
-  static constexpr int kStages = 2;
+  static constexpr int kStages = 4;
   // Tiles between the producer's metadata reads and its copies: 3 measured 1% faster than 4 over
   // the prefix-tree batches on an H100 (6: 1% slower; 2: as fast, but slower at 256 x 4K 32/32),
   // and 1% faster than 4 or 5 on an H200, when K and V still came by cp.async. A commit group
