@@ -19,7 +19,7 @@ inline constexpr int32_t kPrefixTileTokens = 64;
 
 // The most query rows of an item of one KV tile, whose Q rows all ride in its one stage's Q slot:
 // kernel_units pairs short units up to it and cuts one-tile units past it.
-inline constexpr int32_t kPrefixOneTileRows = 32;
+inline constexpr int32_t kPrefixOneTileRows = 64;
 
 // The longest tail two of which share a tail tile (PrefixTailTile, PrefixPlanOptions::
 // max_tail_tokens): half a tile, where a 16-row block holds whole pairs of queries (GQA group 1,

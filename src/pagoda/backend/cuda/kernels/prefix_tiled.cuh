@@ -103,7 +103,7 @@ struct PrefixTiledConfig {
   static constexpr int kMaxRows = kConsumerWarps * 16;  // one m16 fragment per warp (prefix_attention.h)
   // A stage's Q slot holds 64 rows: an item of more rows spans at least two tiles
   // (kernel_units), and its rows from 64 on ride in its second tile's stage.
-  static constexpr int kStageQRows = 32;
+  static constexpr int kStageQRows = kItemWarps * 16;
   static constexpr int kChunksPerRow = kHeadDim / 8;     // 16-byte chunks
   static constexpr int kRowBytes = kHeadDim * 2;
   static constexpr int kKvTileBytes = kTileTokens * kRowBytes;  // K or V of one tile
@@ -111,7 +111,7 @@ struct PrefixTiledConfig {
   static constexpr int kGroupHalfBytes = kKvMapBoxTokens * 128;     // their 64-element halves, one after the other
   static constexpr int kQBytes = kStageQRows * kRowBytes;
   static constexpr int kStageBytes = 2 * kKvTileBytes + kQBytes;
-  static constexpr int kStages = 5;
+  static constexpr int kStages = 4;
   // Tiles between the producer's metadata reads and its copies: 3 measured 1% faster than 4 over
   // the prefix-tree batches on an H100 (6: 1% slower; 2: as fast, but slower at 256 x 4K 32/32),
   // and 1% faster than 4 or 5 on an H200, when K and V still came by cp.async. A commit group
@@ -141,6 +141,7 @@ struct PrefixTiledConfig {
 
   static_assert(kHeadDim % 64 == 0, "the swizzle needs at least 8 chunks per row");
   static_assert(kQuerySlots >= kLookahead + kStages + 1);
+  static_assert(kMaxRows == 128 && kStageQRows == 64, "prefix_m_tile's M tiles");
   static_assert(kStageQRows == kPrefixOneTileRows);
   static_assert(kProducerThreads % 128 == 0 && kConsumerThreads % 128 == 0, "whole warpgroups");
   static_assert(kProducerRegisters * kProducerThreads + kConsumerRegisters * kConsumerThreads <=
