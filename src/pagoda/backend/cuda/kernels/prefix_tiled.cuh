@@ -688,8 +688,7 @@ __global__ void __launch_bounds__(PrefixTiledConfig<kHeadDim>::kThreads, 1)
         lo = 0;
         hi = C::kTileTokens;
       }
-      if (tail_warps != 0) {  // measurement only: tail tiles computed by no one
-      } else if (hi - lo == 16) {  // four warps split the tile: one chunk each
+      if (hi - lo == 16) {  // four warps split the tile: one chunk each
         if (lo < end) compute_chunks.template operator()<1>(stage, lo, token0);
       } else if (hi - lo == C::kTileTokens && end > C::kTileTokens / 2) {
         compute_chunks.template operator()<4>(stage, 0, token0);  // the whole tile: eight S chains
