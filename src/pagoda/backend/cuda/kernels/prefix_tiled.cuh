@@ -690,6 +690,8 @@ __global__ void __launch_bounds__(PrefixTiledConfig<kHeadDim>::kThreads, 1)
       }
       if (hi - lo == 16) {  // four warps split the tile: one chunk each
         if (lo < end) compute_chunks.template operator()<1>(stage, lo, token0);
+      } else if (hi - lo == C::kTileTokens && end > C::kTileTokens / 2) {
+        compute_chunks.template operator()<4>(stage, 0, token0);  // the whole tile: eight S chains
       } else {
 #pragma unroll 1
         for (int first = lo; first < hi && first < end; first += 32) compute_chunks.template operator()<2>(stage, first, token0);
