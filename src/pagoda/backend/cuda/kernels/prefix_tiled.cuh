@@ -560,154 +560,6 @@ __global__ void __launch_bounds__(PrefixTiledConfig<kHeadDim>::kThreads, 1)
     }
   };
 
-  // A tail tile's tokens [u0, u0 + 32) with K on the M side, as decode_tiled computes:
-  //   S^T [16 tokens x 8 rows] = K [16 tokens x d] . Q^T [d x 8 rows]    (A = K; B = Q's A fragments)
-  //   O^T [16 dims x 8 rows]  += V^T [16 dims x 16 tokens] . P^T        (A = V by ldmatrix.trans)
-  // The 8 rows are half `half` of the warp's 16, of which [row_begin, row_end) read tokens
-  // [token_begin, token_end). A tail is one query's (or a few's) rows: on the M side, as the
-  // shared tiles have them, 16 rows take 64 products per 32 tokens for at most 8 useful rows; here
-  // 32. The step folds into the rows' state in the owner's layout (rows g, g + 8), as
-  // online_softmax_step would: the reference moves by the same rule, then the tail's o, normalized
-  // to its sum so that T holds it, reaches the owner's fragments by movmatrix.trans, 8x8 at a time.
-  // The half is a run-time value (selects, and the other half's rows updated by identities) so
-  // that the kernel holds one copy of this code: the consumers' hot code must stay small.
-  auto compute_tail_half = [&](int stage, int u0, int token_begin_t, int token_end_t, int row_begin, int row_end,
-                               bool high) {
-    const uint32_t k_src = stage_base(stage) + uint32_t(u0 * C::kRowBytes);
-    const uint32_t v_src = k_src + C::kKvTileBytes;
-    float s[2][4] = {};  // m-tile m: (token 16m + g, rows 2t, 2t + 1), (token 16m + g + 8, the same)
-#pragma unroll
-    for (int ks = 0; ks < kDimSteps; ++ks) {
-      // B = Q^T of the half's rows: Q's A fragments hold rows g (registers 0, 2) and g + 8 (1, 3).
-      const uint32_t b0 = high ? q_frag[ks][1] : q_frag[ks][0], b1 = high ? q_frag[ks][3] : q_frag[ks][2];
-#pragma unroll
-      for (int m = 0; m < 2; ++m) {
-        uint32_t a[4];  // tokens [0, 8) then [8, 16) of m-tile m, dims 16 ks + [0, 8), then + [8, 16)
-        ptx::ldmatrix_x4(a, k_src + 16 * m * C::kRowBytes + chunk_pair(qv_lane(), ks));
-        ptx::mma_16x8x16<T>(s[m], a, b0, b1);
-      }
-    }
-    const int row0 = (high ? 8 : 0) + 2 * t;  // this lane's rows of the warp's 16: row0, row0 + 1
-    float step_max[2];  // over the tail's tokens: this lane's, then the 8 lanes sharing t
-#pragma unroll
-    for (int j = 0; j < 2; ++j) {
-      const bool row_reads = row0 + j >= row_begin && row0 + j < row_end;
-      step_max[j] = -INFINITY;
-#pragma unroll
-      for (int m = 0; m < 2; ++m) {
-#pragma unroll
-        for (int e = j; e < 4; e += 2) {
-          const int token = u0 + 16 * m + g + 8 * (e / 2);
-          if (!row_reads || token < token_begin_t || token >= token_end_t) s[m][e] = -INFINITY;
-          step_max[j] = fmaxf(step_max[j], s[m][e]);
-        }
-      }
-      step_max[j] = fmaxf(step_max[j], __shfl_xor_sync(0xffffffffu, step_max[j], 4));
-      step_max[j] = fmaxf(step_max[j], __shfl_xor_sync(0xffffffffu, step_max[j], 8));
-      step_max[j] = fmaxf(step_max[j], __shfl_xor_sync(0xffffffffu, step_max[j], 16));
-    }
-    // The owner's row g of the half is the lanes' row 2t + j with t = g / 2, j = g % 2: lane g / 2
-    // holds its step maximum and sum. online_softmax_step's rule moves the reference.
-    auto from_columns = [&](const float (&x)[2]) {
-      const float x0 = __shfl_sync(0xffffffffu, x[0], g >> 1), x1 = __shfl_sync(0xffffffffu, x[1], g >> 1);
-      return g & 1 ? x1 : x0;
-    };
-    const float own_max = p.scale_log2 * from_columns(step_max);
-    const float old_max = high ? row_max[1] : row_max[0];
-    const bool moves = own_max > old_max + kLazyRescaleLog2;
-    const float reference = moves ? own_max : old_max;
-    const float base = reference == -INFINITY ? 0.f : reference;
-    const float correction = moves ? ptx::exp2_ftz(old_max - base) : 1.f;
-    const float correction_of[2] = {high ? 1.f : correction, high ? correction : 1.f};  // rows g, g + 8
-    if (__any_sync(0xffffffffu, moves && old_max != -INFINITY)) {
-#pragma unroll
-      for (int n = 0; n < kDimTiles; ++n) {
-#pragma unroll
-        for (int e = 0; e < 4; ++e) o_acc[n][e] *= correction_of[e / 2];
-      }
-    }
-    row_max[0] = high ? row_max[0] : reference;
-    row_max[1] = high ? reference : row_max[1];
-    float sum[2];  // rows row0, row0 + 1: P^T = exp2(s * scale - their base), summed over the tokens
-#pragma unroll
-    for (int j = 0; j < 2; ++j) {
-      const float minus_base = -__shfl_sync(0xffffffffu, base, (2 * t + j) * 4);
-      sum[j] = 0.f;
-#pragma unroll
-      for (int m = 0; m < 2; ++m) {
-#pragma unroll
-        for (int e = j; e < 4; e += 2) {
-          s[m][e] = ptx::exp2_ftz(fmaf(s[m][e], p.scale_log2, minus_base));
-          sum[j] += s[m][e];
-        }
-      }
-    }
-    uint32_t b[2][2];  // P^T's B fragments of m-tile m: (row g; tokens 2t, 2t + 1), then + 8
-#pragma unroll
-    for (int m = 0; m < 2; ++m) {
-      b[m][0] = ptx::movmatrix_trans(ptx::pack2<T>(s[m][0], s[m][1]));
-      b[m][1] = ptx::movmatrix_trans(ptx::pack2<T>(s[m][2], s[m][3]));
-    }
-    float o[kDimSteps][4] = {};  // O^T: (dim 16 dm + g, rows 2t, 2t + 1), (dim 16 dm + g + 8, the same)
-#pragma unroll
-    for (int dm = 0; dm < kDimSteps; ++dm) {
-#pragma unroll
-      for (int m = 0; m < 2; ++m) {
-        uint32_t a[4];  // transposed: dims [0, 8) then [8, 16) of tokens 16m + [0, 8), then + [8, 16)
-        ptx::ldmatrix_x4_trans(a, v_src + 16 * m * C::kRowBytes + chunk_pair(k_lane(), dm));
-        ptx::mma_16x8x16<T>(o[dm], a, b[m][0], b[m][1]);
-      }
-    }
-    float inv[2];
-#pragma unroll
-    for (int j = 0; j < 2; ++j) {
-      sum[j] += __shfl_xor_sync(0xffffffffu, sum[j], 4);
-      sum[j] += __shfl_xor_sync(0xffffffffu, sum[j], 8);
-      sum[j] += __shfl_xor_sync(0xffffffffu, sum[j], 16);
-      inv[j] = sum[j] > 0.f ? 1.f / sum[j] : 0.f;  // 0: the row reads none of these tokens
-    }
-    const float own_sum = from_columns(sum);
-    const float weight_of[2] = {high ? 0.f : own_sum, high ? own_sum : 0.f};
-    row_sum[0] = row_sum[0] * correction_of[0] + (t == 0 ? weight_of[0] : 0.f);  // lane-partial sums
-    row_sum[1] = row_sum[1] * correction_of[1] + (t == 0 ? weight_of[1] : 0.f);
-#pragma unroll
-    for (int dm = 0; dm < kDimSteps; ++dm) {
-#pragma unroll
-      for (int i = 0; i < 2; ++i) {  // dims 16 dm + [0, 8), then + [8, 16): the owner's n-tile 2 dm + i
-        const float2 x = ptx::unpack2<T>(ptx::movmatrix_trans(ptx::pack2<T>(o[dm][2 * i] * inv[0], o[dm][2 * i + 1] * inv[1])));
-#pragma unroll
-        for (int h = 0; h < 2; ++h) {
-          o_acc[2 * dm + i][2 * h] += x.x * weight_of[h];
-          o_acc[2 * dm + i][2 * h + 1] += x.y * weight_of[h];
-        }
-      }
-    }
-  };
-
-  // A tail tile by compute_tail_half, 32 tokens at a time, where each of its tails is read by rows
-  // of one half of the warp's 16 (a query's rows are a GQA group of at most 8, aligned to it).
-  // Returns false, nothing computed, where a tail's rows here span both halves: the tile then goes
-  // row-major.
-  auto compute_tail_by_halves = [&](const volatile PrefixTileDesc& d, int stage) -> bool {
-    const int first_tokens = d.tail_first, second_tokens = d.tail_second;
-    const int row0 = 16 * wm;
-    const int first_begin = max(d.tail_first_begin * p.group - row0, 0), first_end = min(d.tail_first_end * p.group - row0, 16);
-    const int second_begin = max(d.tail_second_begin * p.group - row0, 0), second_end = min(d.tail_second_end * p.group - row0, 16);
-    const bool first = first_tokens > 0 && first_begin < first_end;
-    const bool second = second_tokens > 0 && second_begin < second_end;
-    if ((first && first_begin / 8 != (first_end - 1) / 8) || (second && second_begin / 8 != (second_end - 1) / 8)) return false;
-    // Tile rows [0, 32) hold the first tail; [32, 64) the second, or the first's rest past 32 tokens.
-#pragma unroll 1
-    for (int u0 = 0; u0 < C::kTileTokens; u0 += C::kTileTokens / 2) {
-      const bool of_first = u0 == 0 || first_tokens > C::kTileTokens / 2;
-      if (of_first ? !first : !second) continue;
-      const int begin = of_first ? 0 : C::kTileTokens / 2, end = of_first ? first_tokens : C::kTileTokens / 2 + second_tokens;
-      const int row_begin = of_first ? first_begin : second_begin, row_end = of_first ? first_end : second_end;
-      compute_tail_half(stage, u0, begin, end, row_begin, row_end, row_begin >= 8);
-    }
-    return true;
-  };
-
   // The end of an item: ⊕ over the warps of each row block (a barrier of the consumer warps
   // alone), then the rows' states to the output or to their partial slots.
   auto finish_item = [&]() {
@@ -821,32 +673,28 @@ __global__ void __launch_bounds__(PrefixTiledConfig<kHeadDim>::kThreads, 1)
         }
         start_item(stage, q_stage, alone, d.pair_split, d.first_rows);
       }
-      if (tail_warps != 0 && compute_tail_by_halves(d, stage)) {
-        // Done: each tail on the 8 rows of the half that read it.
+      // This warp's tokens [lo, hi) of the tile, of which [0, end) hold data; token0: the item
+      // token at tile row 0. A tail tile goes whole to each of its warps, its rows' ranges
+      // tile-relative (its second half holds no data, not even zeros, under a short lone tail).
+      int token0 = tile * C::kTileTokens, end = num_tokens - token0, lo = wn * slice, hi = lo + slice;
+      if (tail_warps == 0 && tile > 0) {  // maybe after a tail tile's ranges (an item of two tiles is no pair)
+        token_begin[0] = token_begin[1] = 0;
+        token_end[0] = token_end[1] = num_tokens;
+      }
+      if (tail_warps != 0) {
+        tail_ranges(d);
+        token0 = 0;
+        end = d.tail_second > 0 || d.tail_first > C::kTileTokens / 2 ? C::kTileTokens : C::kTileTokens / 2;
+        lo = 0;
+        hi = C::kTileTokens;
+      }
+      if (hi - lo == 16) {  // four warps split the tile: one chunk each
+        if (lo < end) compute_chunks.template operator()<1>(stage, lo, token0);
+      } else if (hi - lo == C::kTileTokens && end > C::kTileTokens / 2) {
+        compute_chunks.template operator()<4>(stage, 0, token0);  // the whole tile: eight S chains
       } else {
-        // This warp's tokens [lo, hi) of the tile, of which [0, end) hold data; token0: the item
-        // token at tile row 0. A tail tile goes whole to each of its warps, its rows' ranges
-        // tile-relative (its second half holds no data, not even zeros, under a short lone tail).
-        int token0 = tile * C::kTileTokens, end = num_tokens - token0, lo = wn * slice, hi = lo + slice;
-        if (tail_warps == 0 && tile > 0) {  // maybe after a tail tile's ranges (an item of two tiles is no pair)
-          token_begin[0] = token_begin[1] = 0;
-          token_end[0] = token_end[1] = num_tokens;
-        }
-        if (tail_warps != 0) {
-          tail_ranges(d);
-          token0 = 0;
-          end = d.tail_second > 0 || d.tail_first > C::kTileTokens / 2 ? C::kTileTokens : C::kTileTokens / 2;
-          lo = 0;
-          hi = C::kTileTokens;
-        }
-        if (hi - lo == 16) {  // four warps split the tile: one chunk each
-          if (lo < end) compute_chunks.template operator()<1>(stage, lo, token0);
-        } else if (hi - lo == C::kTileTokens && end > C::kTileTokens / 2) {
-          compute_chunks.template operator()<4>(stage, 0, token0);  // the whole tile: eight S chains
-        } else {
 #pragma unroll 1
-          for (int first = lo; first < hi && first < end; first += 32) compute_chunks.template operator()<2>(stage, first, token0);
-        }
+        for (int first = lo; first < hi && first < end; first += 32) compute_chunks.template operator()<2>(stage, first, token0);
       }
     }
     __syncwarp();
