@@ -43,7 +43,7 @@ CUtensorMap kv_tensor_map(const void* pool, const PagedKv& kv) {
   const std::array<cuuint64_t, 4> strides = {  // bytes, of dimensions 1-4
       cuuint64_t(kv.token_stride * kElementBytes), kHalf * kElementBytes, cuuint64_t(kv.head_stride * kElementBytes),
       cuuint64_t(kv.page_stride * kElementBytes)};
-  const std::array<cuuint32_t, 5> box = {kHalf, uint32_t(kKvMapBoxTokens), 1, 1, 1};
+  const std::array<cuuint32_t, 5> box = {kHalf, uint32_t(kKvMapBoxTokens), halves, 1, 1};
   const std::array<cuuint32_t, 5> element_strides = {1, 1, 1, 1, 1};
   CUtensorMap map{};
   const CUresult status = tensor_map_encoder()(

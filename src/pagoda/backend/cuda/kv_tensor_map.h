@@ -1,7 +1,7 @@
 // A layer's paged K or V pool as a tensor map, for the tensor memory accelerator's copies (sm_90):
 // the 5-d tensor (64 elements, the tokens of a block, head_dim / 64 halves of a row, kv heads,
-// blocks) of 2-byte elements, HND or NHD alike (the pool's strides). Its box, one 64-element half
-// of 16 tokens of one block and head, lands in shared memory as [16 tokens][128 bytes] with the
+// blocks) of 2-byte elements, HND or NHD alike (the pool's strides). Its box, 16 tokens of one
+// block and head, lands in shared memory as [head_dim / 64][16 tokens][128 bytes] with the
 // 128-byte swizzle: 16-byte chunk c of a token's 128 bytes at c ^ (token % 8). Encoded on the
 // host (cuTensorMapEncodeTiled) and passed to a kernel as a __grid_constant__ parameter.
 //

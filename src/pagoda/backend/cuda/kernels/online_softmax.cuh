@@ -24,13 +24,11 @@ namespace pagoda::cuda {
 // -inf, which would make them NaN.
 inline constexpr float kLazyRescaleLog2 = 8.f;
 
-// online_softmax_step without O's rescale: returns whether this lane's rows moved a finite
-// reference, whose O must then be multiplied by `correction` (rescale_rows), which a caller
-// whose O is still being written (a wgmma in flight) does once that is done.
-template <int kTiles>
-__device__ __forceinline__ bool online_softmax_scores(float (&s)[kTiles][4], float scale_log2, float (&row_max)[2],
-                                                      float (&row_sum)[2], float (&correction)[2]) {
-  bool rescale = false;
+template <int kTiles, int kDimTiles>
+__device__ __forceinline__ void online_softmax_step(float (&s)[kTiles][4], float scale_log2, float (&row_max)[2],
+                                                    float (&row_sum)[2], float (&o_acc)[kDimTiles][4]) {
+  float correction[2];
+  bool rescale = false;  // a row of this lane moved a finite reference: O holds its old scale
 #pragma unroll
   for (int h = 0; h < 2; ++h) {  // rows g, then g + 8
     float step_max = -INFINITY;
@@ -59,12 +57,6 @@ __device__ __forceinline__ bool online_softmax_scores(float (&s)[kTiles][4], flo
     }
     row_sum[h] = row_sum[h] * correction[h] + sum;
   }
-  return rescale;
-}
-
-// O's rows g and g + 8 times their correction, where a row of the warp moved its reference.
-template <int kDimTiles>
-__device__ __forceinline__ void rescale_rows(bool rescale, float (&o_acc)[kDimTiles][4], const float (&correction)[2]) {
   if (__any_sync(0xffffffffu, rescale)) {
 #pragma unroll
     for (int n = 0; n < kDimTiles; ++n) {
@@ -72,14 +64,6 @@ __device__ __forceinline__ void rescale_rows(bool rescale, float (&o_acc)[kDimTi
       for (int e = 0; e < 4; ++e) o_acc[n][e] *= correction[e / 2];
     }
   }
-}
-
-template <int kTiles, int kDimTiles>
-__device__ __forceinline__ void online_softmax_step(float (&s)[kTiles][4], float scale_log2, float (&row_max)[2],
-                                                    float (&row_sum)[2], float (&o_acc)[kDimTiles][4]) {
-  float correction[2];
-  const bool rescale = online_softmax_scores(s, scale_log2, row_max, row_sum, correction);
-  rescale_rows(rescale, o_acc, correction);
 }
 
 }  // namespace pagoda::cuda

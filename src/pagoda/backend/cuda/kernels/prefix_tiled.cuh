@@ -37,7 +37,7 @@
 // registers: setmaxnreg): they run up to kStages tiles ahead of the computing warps (the
 // consumers), so that a stall on their own loads never stalls the math, and as many tiles of K
 // and V (128 KB at head_dim 128) are in flight per SM. K and V come by the tensor memory
-// accelerator, one instruction per 64 elements of 16 tokens of a block (kv_tensor_map.h). Stage s has a "full"
+// accelerator, one instruction per 16 tokens of a block (kv_tensor_map.h). Stage s has a "full"
 // mbarrier (the producer's copies landed: the tensor copies' bytes, cp.async arrivals, plus its
 // plain arrivals after writing the stage's tile description) and an "empty" one (every consumer
 // warp is done with it).
@@ -107,11 +107,8 @@ struct PrefixTiledConfig {
   static constexpr int kChunksPerRow = kHeadDim / 8;     // 16-byte chunks
   static constexpr int kRowBytes = kHeadDim * 2;
   static constexpr int kKvTileBytes = kTileTokens * kRowBytes;  // K or V of one tile
-  static constexpr int kGroupBytes = kKvMapBoxTokens * kRowBytes;  // a tile's 16 rows of one block
-  // A tile's rows lie in 64-element halves (`swizzled`): 128 bytes a row, the halves one after the other.
-  static constexpr int kHalfRowBytes = 128;
-  static constexpr int kHalves = kHeadDim / 64;
-  static constexpr int kHalfTileBytes = kTileTokens * kHalfRowBytes;
+  static constexpr int kGroupBytes = kKvMapBoxTokens * kRowBytes;  // one tensor copy's 16 rows
+  static constexpr int kGroupHalfBytes = kKvMapBoxTokens * 128;     // their 64-element halves, one after the other
   static constexpr int kQBytes = kStageQRows * kRowBytes;
   static constexpr int kStageBytes = 2 * kKvTileBytes + kQBytes;
   static constexpr int kStages = 4;
@@ -152,7 +149,7 @@ struct PrefixTiledConfig {
                 "within the registers of __launch_bounds__(kThreads, 1)");
   static_assert(kBarrierOffset % 8 == 0);
   static_assert(kKvMapBoxTokens == 16 && kProducerWarps * kKvMapBoxTokens == kTileTokens,
-                "one producer warp per tensor copy's 16 rows");
+                "one producer warp per tensor copy's 16 rows, the swizzle's groups (`swizzled`)");
 };
 
 template <typename T, int kHeadDim>
@@ -170,19 +167,19 @@ __global__ void __launch_bounds__(PrefixTiledConfig<kHeadDim>::kThreads, 1)
   auto empty_barrier = [&](int stage) { return smem_base + uint32_t(C::kBarrierOffset + (C::kStages + stage) * 8); };
   auto* stage_desc = reinterpret_cast<volatile PrefixTileDesc*>(smem + C::kStageDescOffset);
   auto* query_ring = reinterpret_cast<const attention::UnitQuery*>(smem + C::kQueryRingOffset);
-  // A K, V or Q tile in shared memory, as the tensor copies land it (kv_tensor_map.h): [head_dim /
-  // 64][64 rows][128 bytes], 16-byte chunk c of row r's 128 bytes stored at c ^ (r % 8) (the
-  // 128-byte swizzle), so the 8 row addresses of each ldmatrix hit distinct bank groups. Row 8 a +
-  // b (b < 8) lies 8 a rows of bytes past row b: callers whose rows start at a multiple of 8 add
-  // that themselves, leaving the per-lane part to this.
+  // A K, V or Q tile in shared memory, as a tensor copy of 16 rows lands (kv_tensor_map.h): 16-row
+  // groups of [head_dim / 64][16 rows][128 bytes], 16-byte chunk c of row r's 128 bytes stored at
+  // c ^ (r % 8) (the 128-byte swizzle), so the 8 row addresses of each ldmatrix hit distinct bank
+  // groups. Row 16 a + b (b < 16) lies 16 a rows of bytes past row b: callers whose rows start at
+  // a multiple of 16 add that themselves, leaving the per-lane part to this.
   auto swizzled = [](int row, int chunk) {
-    return uint32_t((chunk >> 3) * C::kHalfTileBytes + row * C::kHalfRowBytes + (((chunk ^ row) & 7) << 4));
+    return uint32_t((row >> 4) * C::kGroupBytes + (chunk >> 3) * C::kGroupHalfBytes + (row & 15) * 128 + (((chunk ^ row) & 7) << 4));
   };
   // The consumers' ldmatrix addresses: a lane reads chunk 2 k + h of its row (h: 0 or 1, by the
   // lane's matrix), whose offset is chunk h's (`lane_offset`) with bits 4-6 flipped by 2 k % 8,
   // in half k / 4: one XOR per k.
   auto chunk_pair = [](uint32_t lane_offset, int k) {
-    return (lane_offset ^ uint32_t((2 * k & 7) << 4)) + uint32_t(k >> 2) * C::kHalfTileBytes;
+    return (lane_offset ^ uint32_t((2 * k & 7) << 4)) + uint32_t(k >> 2) * C::kGroupHalfBytes;
   };
   // The schedule's slot of the CTA's n-th item (prefix_schedule).
   auto slot_of = [](int n) { return int(blockIdx.x) + n * int(gridDim.x); };
@@ -328,9 +325,8 @@ __global__ void __launch_bounds__(PrefixTiledConfig<kHeadDim>::kThreads, 1)
 
     // The copy step: tile `step` into stage step % kStages, once the consumers are done with it.
     // Producer warp w moves the tile's 16-row group w, rows [16 w, 16 w + 16), of one block
-    // (block_size >= 16). A group of 16 tokens goes by tensor copies from lane 0, one instruction
-    // for each 64-element half of K and of V, where copying it lane by lane took most of the
-    // producers' issue slots.
+    // (block_size >= 16). A group of 16 tokens goes by two tensor copies, K and V, from lane 0:
+    // one instruction each, where copying it lane by lane took most of the producers' issue slots.
     // A group that ends inside (an item's partial last block, a pair's gap) goes by the whole
     // warp's cp.async rows instead, zero-filled past the last token, and so do groups with no token
     // up to the next multiple of 32 tokens: the consumers compute 32 tokens at a time, or the whole
@@ -367,21 +363,17 @@ __global__ void __launch_bounds__(PrefixTiledConfig<kHeadDim>::kThreads, 1)
       if (step >= C::kStages) ptx::mbarrier_wait(empty_barrier(stage), (step / C::kStages - 1) & 1);
       const bool done = kv_head < 0;
       if (!done) {
-        const uint32_t k_dst = stage_base(stage) + row_group * kKvMapBoxTokens * C::kHalfRowBytes;
+        const uint32_t k_dst = stage_base(stage) + row_group * C::kGroupBytes;
         const uint32_t v_dst = k_dst + C::kKvTileBytes;
         if (group_end - group_row >= kKvMapBoxTokens) {
           if (lane == 0) {
             ptx::mbarrier_expect_tx(full_barrier(stage), 2 * C::kGroupBytes);
-#pragma unroll
-            for (int half = 0; half < C::kHalves; ++half) {  // each half of the rows into its own
-              const uint32_t offset = half * C::kHalfTileBytes;
-              if (kv_shared) {  // other items read it too: kept in L2
-                ptx::tma_load_5d_evict_last(k_dst + offset, &p.k_map, 0, block_token, half, kv_head, block_id, full_barrier(stage));
-                ptx::tma_load_5d_evict_last(v_dst + offset, &p.v_map, 0, block_token, half, kv_head, block_id, full_barrier(stage));
-              } else {  // read by this item alone: the first lines L2 gives up, not the shared nodes
-                ptx::tma_load_5d_evict_first(k_dst + offset, &p.k_map, 0, block_token, half, kv_head, block_id, full_barrier(stage));
-                ptx::tma_load_5d_evict_first(v_dst + offset, &p.v_map, 0, block_token, half, kv_head, block_id, full_barrier(stage));
-              }
+            if (kv_shared) {  // other items read it too: kept in L2
+              ptx::tma_load_5d_evict_last(k_dst, &p.k_map, 0, block_token, 0, kv_head, block_id, full_barrier(stage));
+              ptx::tma_load_5d_evict_last(v_dst, &p.v_map, 0, block_token, 0, kv_head, block_id, full_barrier(stage));
+            } else {  // read by this item alone: the first lines L2 gives up, not the shared nodes
+              ptx::tma_load_5d_evict_first(k_dst, &p.k_map, 0, block_token, 0, kv_head, block_id, full_barrier(stage));
+              ptx::tma_load_5d_evict_first(v_dst, &p.v_map, 0, block_token, 0, kv_head, block_id, full_barrier(stage));
             }
           }
         } else if (group_row < ((tile_tokens + 31) & ~31)) {
@@ -454,11 +446,6 @@ __global__ void __launch_bounds__(PrefixTiledConfig<kHeadDim>::kThreads, 1)
   ptx::grow_registers<C::kConsumerRegisters>();
   constexpr int kDimSteps = kHeadDim / 16;  // k steps of S = Q K^T
   constexpr int kDimTiles = kHeadDim / 8;   // n tiles of O
-#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-  constexpr bool kWarpgroupProducts = kHeadDim == 128;  // wgmma: sm_90a
-#else
-  constexpr bool kWarpgroupProducts = false;
-#endif
   const int g = lane / 4;  // mma fragment row
   const int t = lane % 4;  // mma fragment column pair
   // The row (of 16) and chunk (0 or 1) this lane addresses for ldmatrix's matrix lane / 8: Q's A
@@ -495,41 +482,12 @@ __global__ void __launch_bounds__(PrefixTiledConfig<kHeadDim>::kThreads, 1)
 #pragma unroll
     for (int ks = 0; ks < kDimSteps; ++ks) {
       // A fragments: rows q_row + [0, 8) and + [8, 16), dims 16 ks + [0, 8) then + [8, 16).
-      ptx::ldmatrix_x4(q_frag[ks], q_src + q_row * C::kHalfRowBytes + chunk_pair(qv_lane(), ks));
+      ptx::ldmatrix_x4(q_frag[ks], q_src + q_row * C::kRowBytes + chunk_pair(qv_lane(), ks));
     }
 #pragma unroll
     for (int n = 0; n < kDimTiles; ++n) o_acc[n][0] = o_acc[n][1] = o_acc[n][2] = o_acc[n][3] = 0.f;
     row_max[0] = row_max[1] = -INFINITY;
     row_sum[0] = row_sum[1] = 0.f;
-  };
-
-  // Scores of tokens [step_begin, step_begin + 8 kTiles) (item-relative) outside their row's range
-  // to -inf. Most steps lie inside every row's range (a long item's tiles before its last): the
-  // mask's three instructions per score only where some row of the warp ends or starts inside.
-  auto mask_scores = [&]<int kTiles>(float (&s)[kTiles][4], int step_begin) {
-    const int step_end = step_begin + 8 * kTiles;
-    const bool partly = step_begin < max(token_begin[0], token_begin[1]) || step_end > min(token_end[0], token_end[1]);
-    if (__any_sync(0xffffffffu, partly)) {
-#pragma unroll
-      for (int j = 0; j < kTiles; ++j) {
-#pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          const int token = step_begin + 8 * j + 2 * t + (e & 1);
-          const bool real = token >= token_begin[e / 2] && token < token_end[e / 2];
-          if (!real) s[j][e] = -INFINITY;
-        }
-      }
-    }
-  };
-  // P's A fragments: chunk c of 16 tokens is S's n-tiles 2c and 2c + 1.
-  auto p_fragments = [&]<int kChunks>(const float (&s)[2 * kChunks][4], uint32_t (&a)[kChunks][4]) {
-#pragma unroll
-    for (int c = 0; c < kChunks; ++c) {
-      a[c][0] = ptx::pack2<T>(s[2 * c][0], s[2 * c][1]);
-      a[c][1] = ptx::pack2<T>(s[2 * c][2], s[2 * c][3]);
-      a[c][2] = ptx::pack2<T>(s[2 * c + 1][0], s[2 * c + 1][1]);
-      a[c][3] = ptx::pack2<T>(s[2 * c + 1][2], s[2 * c + 1][3]);
-    }
   };
 
   // kChunks x 16 tokens [first, first + 16 kChunks) of the tile in `stage`; first is
@@ -546,77 +504,45 @@ __global__ void __launch_bounds__(PrefixTiledConfig<kHeadDim>::kThreads, 1)
 #pragma unroll
       for (int c = 0; c < kChunks; ++c) {
         uint32_t b[4];  // tokens [0, 8) then [8, 16) of chunk c, dims 16 ks + [0, 8) and + [8, 16)
-        ptx::ldmatrix_x4(b, k_src + (first + 16 * c) * C::kHalfRowBytes + chunk_pair(k_lane(), ks));
+        ptx::ldmatrix_x4(b, k_src + (first + 16 * c) * C::kRowBytes + chunk_pair(k_lane(), ks));
         ptx::mma_16x8x16<T>(s[2 * c], q_frag[ks], b[0], b[1]);
         ptx::mma_16x8x16<T>(s[2 * c + 1], q_frag[ks], b[2], b[3]);
       }
     }
-    mask_scores(s, token0 + first);
+    // Most steps lie inside every row's range (a long item's tiles before its last): the mask's
+    // three instructions per score only where some row of the warp ends or starts inside.
+    const int step_begin = token0 + first, step_end = step_begin + 16 * kChunks;
+    const bool partly = step_begin < max(token_begin[0], token_begin[1]) || step_end > min(token_end[0], token_end[1]);
+    if (__any_sync(0xffffffffu, partly)) {
+#pragma unroll
+      for (int j = 0; j < 2 * kChunks; ++j) {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const int token = step_begin + 8 * j + 2 * t + (e & 1);
+          const bool real = token >= token_begin[e / 2] && token < token_end[e / 2];
+          if (!real) s[j][e] = -INFINITY;
+        }
+      }
+    }
     online_softmax_step(s, p.scale_log2, row_max, row_sum, o_acc);
-    uint32_t a[kChunks][4];
-    p_fragments(s, a);
+    uint32_t a[kChunks][4];  // P's A fragments: chunk c is S's n-tiles 2c and 2c + 1
+#pragma unroll
+    for (int c = 0; c < kChunks; ++c) {
+      a[c][0] = ptx::pack2<T>(s[2 * c][0], s[2 * c][1]);
+      a[c][1] = ptx::pack2<T>(s[2 * c][2], s[2 * c][3]);
+      a[c][2] = ptx::pack2<T>(s[2 * c + 1][0], s[2 * c + 1][1]);
+      a[c][3] = ptx::pack2<T>(s[2 * c + 1][2], s[2 * c + 1][3]);
+    }
 #pragma unroll
     for (int dn = 0; dn < kDimTiles / 2; ++dn) {
 #pragma unroll
       for (int c = 0; c < kChunks; ++c) {
         // Transposed: tokens [0, 8) and [8, 16) of dims 16 dn + [0, 8), then of dims + [8, 16).
         uint32_t b[4];
-        ptx::ldmatrix_x4_trans(b, v_src + (first + 16 * c) * C::kHalfRowBytes + chunk_pair(qv_lane(), dn));
+        ptx::ldmatrix_x4_trans(b, v_src + (first + 16 * c) * C::kRowBytes + chunk_pair(qv_lane(), dn));
         ptx::mma_16x8x16<T>(o_acc[2 * dn], a[c], b[0], b[1]);
         ptx::mma_16x8x16<T>(o_acc[2 * dn + 1], a[c], b[2], b[3]);
       }
-    }
-  };
-
-  // The whole tile in `stage`, by a warpgroup whose four warps own the item's 64 rows (an item of
-  // 64 rows, or one half of 128), its products by wgmma (head_dim 128). S, O and the rows stay
-  // where mma.sync keeps them (ptx.cuh), so the mask and the softmax are compute_chunks'. The tile
-  // goes in two halves of 32 tokens so that the products run under the softmax: the second half's
-  // S while the first half's softmax runs, the first half's P V while the second's does. K's rows
-  // are a K-major B operand (8-row groups 1024 bytes apart), 16 tokens of V an MN-major one of 128
-  // dims (its 64-dim halves kHalfTileBytes apart).
-  auto compute_tile_by_warpgroup = [&](int stage, int token0) {
-    if constexpr (kWarpgroupProducts) {
-    constexpr uint32_t kGroupStride = 8 * C::kHalfRowBytes;
-    const uint32_t k_src = stage_base(stage);
-    const uint32_t v_src = k_src + C::kKvTileBytes;
-    auto pv = [&](const uint32_t (&a)[2][4], int half) {
-#pragma unroll
-      for (int c = 0; c < 2; ++c) {
-        const uint32_t b = v_src + (32 * half + 16 * c) * C::kHalfRowBytes;
-        ptx::wgmma_64x128x16_b_transposed<T>(o_acc, a[c], ptx::wgmma_descriptor_128b(b, C::kHalfTileBytes, kGroupStride));
-      }
-      ptx::wgmma_commit();
-    };
-    float s[2][4][4];  // S of tokens [32 h, 32 h + 32), four n-tiles each
-    ptx::wgmma_fence();
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      const uint64_t k = ptx::wgmma_descriptor_128b(k_src + 32 * h * C::kHalfRowBytes, 16, kGroupStride);
-      ptx::wgmma_64x32x16<T, false>(s[h], q_frag[0], k);
-#pragma unroll
-      for (int ks = 1; ks < kDimSteps; ++ks) {  // dims 16 ks: 32 bytes into the rows of half ks / 4
-        ptx::wgmma_64x32x16<T, true>(s[h], q_frag[ks], k + (((ks >> 2) * C::kHalfTileBytes + (ks & 3) * 32) >> 4));
-      }
-      ptx::wgmma_commit();
-    }
-    uint32_t a[2][2][4];  // P of each half: registers a product in flight reads must stay as they are
-    ptx::wgmma_wait<1>();  // S of the first half
-    mask_scores(s[0], token0);
-    online_softmax_step(s[0], p.scale_log2, row_max, row_sum, o_acc);
-    p_fragments(s[0], a[0]);
-    ptx::wgmma_fence();
-    pv(a[0], 0);
-    ptx::wgmma_wait<1>();  // S of the second half; the first half's P V may still run
-    mask_scores(s[1], token0 + 32);
-    float correction[2];
-    const bool rescale = online_softmax_scores(s[1], p.scale_log2, row_max, row_sum, correction);
-    p_fragments(s[1], a[1]);
-    ptx::wgmma_wait<0>();  // O is written
-    rescale_rows(rescale, o_acc, correction);
-    ptx::wgmma_fence();
-    pv(a[1], 1);
-    ptx::wgmma_wait<0>();
     }
   };
 
@@ -765,21 +691,7 @@ __global__ void __launch_bounds__(PrefixTiledConfig<kHeadDim>::kThreads, 1)
       if (hi - lo == 16) {  // four warps split the tile: one chunk each
         if (lo < end) compute_chunks.template operator()<1>(stage, lo, token0);
       } else if (hi - lo == C::kTileTokens && end > C::kTileTokens / 2) {
-        // The whole tile: by wgmma where the item's warps make whole warpgroups (uniform over
-        // each: its item, its tile), else as eight S chains.
-        bool by_warpgroup = false;
-        if constexpr (kWarpgroupProducts) {
-          by_warpgroup = warps_m >= C::kItemWarps && tail_warps == 0;
-          if (by_warpgroup) {
-            // Groups of fewer than 16 tokens (a partial last tile, a pair's gap) come by
-            // cp.async, through the generic proxy, and wgmma reads through the async proxy. The
-            // fence also waits for this thread's memory operations in flight (an item's output
-            // stores), so it is issued only where such groups are.
-            if (end < C::kTileTokens || d.pair_split > 0) ptx::fence_proxy_async_shared();
-            compute_tile_by_warpgroup(stage, token0);
-          }
-        }
-        if (!by_warpgroup) compute_chunks.template operator()<4>(stage, 0, token0);
+        compute_chunks.template operator()<4>(stage, 0, token0);  // the whole tile: eight S chains
       } else {
 #pragma unroll 1
         for (int first = lo; first < hi && first < end; first += 32) compute_chunks.template operator()<2>(stage, first, token0);
