@@ -223,6 +223,93 @@ __device__ __forceinline__ void mma_16x8x16(float (&d)[4], const uint32_t (&a)[4
   }
 }
 
+// Warpgroup MMA (sm_90a). The four warps of a warpgroup issue one m64nNk16 product together:
+// warp w's A rows are the product's rows [16 w, 16 w + 16), in mma.sync m16n8k16's A fragment,
+// and its accumulators are those rows in mma.sync's C layout, n-tile after n-tile. B comes from
+// shared memory through a descriptor. The product runs asynchronously: wgmma_fence orders the
+// registers' earlier writes before it, wgmma_commit_and_wait waits for every product issued.
+__device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;" ::: "memory"); }
+__device__ __forceinline__ void wgmma_commit_and_wait() {
+  asm volatile("wgmma.commit_group.sync.aligned;\nwgmma.wait_group.sync.aligned 0;" ::: "memory");
+}
+// Orders shared memory this thread has seen written through the generic proxy (cp.async) before
+// the async proxy's reads it issues next (wgmma's B operands).
+__device__ __forceinline__ void fence_proxy_async_shared() { asm volatile("fence.proxy.async.shared::cta;" ::: "memory"); }
+
+// The descriptor of a B operand in the 128-byte swizzle, starting at shared address `start`
+// inside a pattern that repeats from a 1024-byte boundary. K-major (B's N rows, each along K):
+// `stride` is the distance between groups of 8 rows, `leading` unused. MN-major (transposed):
+// `leading` is the distance between blocks of 64 columns, `stride` between groups of 8 rows of K.
+__device__ __forceinline__ uint64_t wgmma_descriptor_128b(uint32_t start, uint32_t leading, uint32_t stride) {
+  return uint64_t((start & 0x3FFFF) >> 4) | uint64_t(leading >> 4) << 16 | uint64_t(stride >> 4) << 32 |
+         uint64_t(1) << 62;
+}
+
+// d (64 x 16: two n-tiles) = a (64 x 16) * b (16 x 16, K-major), plus d if kAccumulate. The
+// first product of a chain writes d without reading it: zeroing d beforehand would be a write by
+// other instructions, for which ptxas serializes every wgmma of the kernel.
+template <typename T, bool kAccumulate>
+__device__ __forceinline__ void wgmma_64x16x16(float (&d0)[4], float (&d1)[4], const uint32_t (&a)[4], uint64_t b) {
+#define PAGODA_WGMMA_64X16(types, accumulate, d_constraint)                                          \
+  asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %13, 0;\n"                                         \
+               "wgmma.mma_async.sync.aligned.m64n16k16.f32." types                                  \
+               " {%0, %1, %2, %3, %4, %5, %6, %7}, {%8, %9, %10, %11}, %12, p, 1, 1, 0;\n}"         \
+               : d_constraint(d0[0]), d_constraint(d0[1]), d_constraint(d0[2]), d_constraint(d0[3]), \
+                 d_constraint(d1[0]), d_constraint(d1[1]), d_constraint(d1[2]), d_constraint(d1[3])  \
+               : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "n"(accumulate))
+  constexpr bool kHalf = std::is_same_v<T, __half>;
+  if constexpr (kHalf && kAccumulate) {
+    PAGODA_WGMMA_64X16("f16.f16", 1, "+f");
+  } else if constexpr (kHalf) {
+    PAGODA_WGMMA_64X16("f16.f16", 0, "=f");
+  } else if constexpr (kAccumulate) {
+    PAGODA_WGMMA_64X16("bf16.bf16", 1, "+f");
+  } else {
+    PAGODA_WGMMA_64X16("bf16.bf16", 0, "=f");
+  }
+#undef PAGODA_WGMMA_64X16
+}
+
+// d (64 x 128: sixteen n-tiles) += a (64 x 16) * b (16 x 128, MN-major: each of b's rows along N).
+template <typename T>
+__device__ __forceinline__ void wgmma_64x128x16_b_transposed(float (&d)[16][4], const uint32_t (&a)[4], uint64_t b) {
+#define PAGODA_WGMMA_64X128(types)                                                                  \
+  asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, 1, 0;\n"                                           \
+               "wgmma.mma_async.sync.aligned.m64n128k16.f32." types " {"                            \
+               "%0, %1, %2, %3, %4, %5, %6, %7, "                                                  \
+               "%8, %9, %10, %11, %12, %13, %14, %15, "                                            \
+               "%16, %17, %18, %19, %20, %21, %22, %23, "                                          \
+               "%24, %25, %26, %27, %28, %29, %30, %31, "                                          \
+               "%32, %33, %34, %35, %36, %37, %38, %39, "                                          \
+               "%40, %41, %42, %43, %44, %45, %46, %47, "                                          \
+               "%48, %49, %50, %51, %52, %53, %54, %55, "                                          \
+               "%56, %57, %58, %59, %60, %61, %62, %63}, "                                         \
+               "{%64, %65, %66, %67}, %68, p, 1, 1, 1;\n}"                                         \
+               : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]),                       \
+                 "+f"(d[1][0]), "+f"(d[1][1]), "+f"(d[1][2]), "+f"(d[1][3]),                       \
+                 "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]),                       \
+                 "+f"(d[3][0]), "+f"(d[3][1]), "+f"(d[3][2]), "+f"(d[3][3]),                       \
+                 "+f"(d[4][0]), "+f"(d[4][1]), "+f"(d[4][2]), "+f"(d[4][3]),                       \
+                 "+f"(d[5][0]), "+f"(d[5][1]), "+f"(d[5][2]), "+f"(d[5][3]),                       \
+                 "+f"(d[6][0]), "+f"(d[6][1]), "+f"(d[6][2]), "+f"(d[6][3]),                       \
+                 "+f"(d[7][0]), "+f"(d[7][1]), "+f"(d[7][2]), "+f"(d[7][3]),                       \
+                 "+f"(d[8][0]), "+f"(d[8][1]), "+f"(d[8][2]), "+f"(d[8][3]),                       \
+                 "+f"(d[9][0]), "+f"(d[9][1]), "+f"(d[9][2]), "+f"(d[9][3]),                       \
+                 "+f"(d[10][0]), "+f"(d[10][1]), "+f"(d[10][2]), "+f"(d[10][3]),                   \
+                 "+f"(d[11][0]), "+f"(d[11][1]), "+f"(d[11][2]), "+f"(d[11][3]),                   \
+                 "+f"(d[12][0]), "+f"(d[12][1]), "+f"(d[12][2]), "+f"(d[12][3]),                   \
+                 "+f"(d[13][0]), "+f"(d[13][1]), "+f"(d[13][2]), "+f"(d[13][3]),                   \
+                 "+f"(d[14][0]), "+f"(d[14][1]), "+f"(d[14][2]), "+f"(d[14][3]),                   \
+                 "+f"(d[15][0]), "+f"(d[15][1]), "+f"(d[15][2]), "+f"(d[15][3])                    \
+               : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b))
+  if constexpr (std::is_same_v<T, __half>) {
+    PAGODA_WGMMA_64X128("f16.f16");
+  } else {
+    PAGODA_WGMMA_64X128("bf16.bf16");
+  }
+#undef PAGODA_WGMMA_64X128
+}
+
 // Two floats rounded to T and packed (lo in the low half), as the mma operands want them.
 template <typename T>
 __device__ __forceinline__ uint32_t pack2(float lo, float hi) {
