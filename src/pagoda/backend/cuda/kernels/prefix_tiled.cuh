@@ -446,11 +446,6 @@ __global__ void __launch_bounds__(PrefixTiledConfig<kHeadDim>::kThreads, 1)
   ptx::grow_registers<C::kConsumerRegisters>();
   constexpr int kDimSteps = kHeadDim / 16;  // k steps of S = Q K^T
   constexpr int kDimTiles = kHeadDim / 8;   // n tiles of O
-#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-  constexpr bool kWarpgroupProducts = kHeadDim == 128;  // wgmma: sm_90a only
-#else
-  constexpr bool kWarpgroupProducts = false;
-#endif
   const int g = lane / 4;  // mma fragment row
   const int t = lane % 4;  // mma fragment column pair
   // The row (of 16) and chunk (0 or 1) this lane addresses for ldmatrix's matrix lane / 8: Q's A
@@ -500,48 +495,18 @@ __global__ void __launch_bounds__(PrefixTiledConfig<kHeadDim>::kThreads, 1)
   // its tokens there (a pair's rows, the tail of an item): online_softmax_step leaves it as it
   // was. Two or four chunks at a time give the S products four or eight independent mma chains
   // and one online-softmax step for all of them.
-  // kWarpgroup: the whole tile, computed by a warpgroup whose four warps own the item's 64 rows (an
-  // item of 64 rows, or one half of 128) by wgmma, whose products run at a higher rate than
-  // mma.sync's and leave the warps' issue slots to the softmax. The rows, S and O stay where they
-  // are for mma.sync (ptx.cuh), so everything but the products is shared. Each 16-token group of
-  // K is one K-major B operand (its 8-row halves 1024 bytes apart, `swizzled`), and of V one
-  // MN-major B operand of 128 dims (its 64-dim halves kGroupHalfBytes apart).
-  auto compute_chunks = [&]<int kChunks, bool kWarpgroup = false>(int stage, int first, int token0) {
-    static_assert(!kWarpgroup || (kChunks * 16 == C::kTileTokens && kHeadDim == 128), "one m64n128 product of O per 16 tokens");
+  auto compute_chunks = [&]<int kChunks>(int stage, int first, int token0) {
     const uint32_t k_src = stage_base(stage);
     const uint32_t v_src = k_src + C::kKvTileBytes;
-    float s[2 * kChunks][4];  // n-tile j: (row g, tokens 8j + 2t, +1), (row g + 8, the same tokens)
-    if constexpr (false) {
-      ptx::fence_proxy_async_shared();  // a tile's partial groups came by cp.async
-      ptx::wgmma_fence();
+    float s[2 * kChunks][4] = {};  // n-tile j: (row g, tokens 8j + 2t, +1), (row g + 8, the same tokens)
+#pragma unroll
+    for (int ks = 0; ks < kDimSteps; ++ks) {
 #pragma unroll
       for (int c = 0; c < kChunks; ++c) {
-#pragma unroll
-        for (int ks = 0; ks < kDimSteps; ++ks) {
-          // Dims 16 ks: 32 bytes into their 128-byte rows, in half ks / 4.
-          const uint32_t b = k_src + c * C::kGroupBytes + (ks >> 2) * C::kGroupHalfBytes + (ks & 3) * 32;
-          const uint64_t descriptor = ptx::wgmma_descriptor_128b(b, 16, 1024);
-          if (ks == 0) {
-            ptx::wgmma_64x16x16<T, false>(s[2 * c], s[2 * c + 1], q_frag[ks], descriptor);
-          } else {
-            ptx::wgmma_64x16x16<T, true>(s[2 * c], s[2 * c + 1], q_frag[ks], descriptor);
-          }
-        }
-      }
-      ptx::wgmma_commit_and_wait();
-    }
-    {
-#pragma unroll
-      for (int j = 0; j < 2 * kChunks; ++j) s[j][0] = s[j][1] = s[j][2] = s[j][3] = 0.f;
-#pragma unroll
-      for (int ks = 0; ks < kDimSteps; ++ks) {
-#pragma unroll
-        for (int c = 0; c < kChunks; ++c) {
-          uint32_t b[4];  // tokens [0, 8) then [8, 16) of chunk c, dims 16 ks + [0, 8) and + [8, 16)
-          ptx::ldmatrix_x4(b, k_src + (first + 16 * c) * C::kRowBytes + chunk_pair(k_lane(), ks));
-          ptx::mma_16x8x16<T>(s[2 * c], q_frag[ks], b[0], b[1]);
-          ptx::mma_16x8x16<T>(s[2 * c + 1], q_frag[ks], b[2], b[3]);
-        }
+        uint32_t b[4];  // tokens [0, 8) then [8, 16) of chunk c, dims 16 ks + [0, 8) and + [8, 16)
+        ptx::ldmatrix_x4(b, k_src + (first + 16 * c) * C::kRowBytes + chunk_pair(k_lane(), ks));
+        ptx::mma_16x8x16<T>(s[2 * c], q_frag[ks], b[0], b[1]);
+        ptx::mma_16x8x16<T>(s[2 * c + 1], q_frag[ks], b[2], b[3]);
       }
     }
     // Most steps lie inside every row's range (a long item's tiles before its last): the mask's
@@ -568,25 +533,15 @@ __global__ void __launch_bounds__(PrefixTiledConfig<kHeadDim>::kThreads, 1)
       a[c][2] = ptx::pack2<T>(s[2 * c + 1][0], s[2 * c + 1][1]);
       a[c][3] = ptx::pack2<T>(s[2 * c + 1][2], s[2 * c + 1][3]);
     }
-    if constexpr (kWarpgroup) {
-      ptx::wgmma_fence();
+#pragma unroll
+    for (int dn = 0; dn < kDimTiles / 2; ++dn) {
 #pragma unroll
       for (int c = 0; c < kChunks; ++c) {
-        const uint32_t b = v_src + c * C::kGroupBytes;
-        ptx::wgmma_64x128x16_b_transposed<T>(o_acc, a[c], ptx::wgmma_descriptor_128b(b, C::kGroupHalfBytes, 1024));
-      }
-      ptx::wgmma_commit_and_wait();
-    } else {
-#pragma unroll
-      for (int dn = 0; dn < kDimTiles / 2; ++dn) {
-#pragma unroll
-        for (int c = 0; c < kChunks; ++c) {
-          // Transposed: tokens [0, 8) and [8, 16) of dims 16 dn + [0, 8), then of dims + [8, 16).
-          uint32_t b[4];
-          ptx::ldmatrix_x4_trans(b, v_src + (first + 16 * c) * C::kRowBytes + chunk_pair(qv_lane(), dn));
-          ptx::mma_16x8x16<T>(o_acc[2 * dn], a[c], b[0], b[1]);
-          ptx::mma_16x8x16<T>(o_acc[2 * dn + 1], a[c], b[2], b[3]);
-        }
+        // Transposed: tokens [0, 8) and [8, 16) of dims 16 dn + [0, 8), then of dims + [8, 16).
+        uint32_t b[4];
+        ptx::ldmatrix_x4_trans(b, v_src + (first + 16 * c) * C::kRowBytes + chunk_pair(qv_lane(), dn));
+        ptx::mma_16x8x16<T>(o_acc[2 * dn], a[c], b[0], b[1]);
+        ptx::mma_16x8x16<T>(o_acc[2 * dn + 1], a[c], b[2], b[3]);
       }
     }
   };
@@ -736,14 +691,7 @@ __global__ void __launch_bounds__(PrefixTiledConfig<kHeadDim>::kThreads, 1)
       if (hi - lo == 16) {  // four warps split the tile: one chunk each
         if (lo < end) compute_chunks.template operator()<1>(stage, lo, token0);
       } else if (hi - lo == C::kTileTokens && end > C::kTileTokens / 2) {
-        // The whole tile: by wgmma where the item's warps make whole warpgroups (uniform over
-        // each: its item, its tile), else as eight S chains.
-        bool by_warpgroup = false;
-        if constexpr (kWarpgroupProducts) {
-          by_warpgroup = warps_m >= C::kItemWarps && tail_warps == 0;
-          if (by_warpgroup) compute_chunks.template operator()<4, true>(stage, 0, token0);
-        }
-        if (!by_warpgroup) compute_chunks.template operator()<4>(stage, 0, token0);
+        compute_chunks.template operator()<4>(stage, 0, token0);  // the whole tile: eight S chains
       } else {
 #pragma unroll 1
         for (int first = lo; first < hi && first < end; first += 32) compute_chunks.template operator()<2>(stage, first, token0);
