@@ -410,10 +410,10 @@ TEST(PrefixSchedule, RunsEveryItemOnceLongestFirstOnTheFewestCtas) {
   for (int i = 0; i < 8; ++i) units.push_back({.block_begin = 0, .num_tokens = 48, .query_begin = 0, .rows = 8, .first_rows = 8});
   EXPECT_EQ(prefix_item_cost(units[0]), 24);
   EXPECT_EQ(prefix_item_cost(units[1]), 4);
-  EXPECT_EQ(prefix_item_cost({.num_tokens = 65, .rows = 64, .first_rows = 64}), 2 * 5 + 4);  // eight warps and the ⊕
+  EXPECT_EQ(prefix_item_cost({.num_tokens = 65, .rows = 64, .first_rows = 64}), 10);
   EXPECT_EQ(prefix_item_cost({.num_tokens = 32, .rows = 40, .second_tokens = 20, .first_rows = 20}), 5);  // a pair: one tile
   EXPECT_EQ(prefix_item_cost({.num_tokens = 128, .rows = 16, .first_rows = 16}), 2 * 4 + 4);  // two tiles and the ⊕
-  EXPECT_EQ(prefix_item_cost({.num_tokens = 128, .rows = 33, .first_rows = 33}), 2 * 5 + 4);  // 64 rows: eight warps, the ⊕
+  EXPECT_EQ(prefix_item_cost({.num_tokens = 128, .rows = 33, .first_rows = 33}), 2 * 5);      // 64 rows: four warps, no ⊕
   const PrefixSchedule schedule = prefix_schedule(units, 1, 3);
   ASSERT_EQ(schedule.ctas, 3);
   ASSERT_EQ(schedule.slots.size(), 12u);  // 4 rounds
@@ -434,7 +434,7 @@ TEST(PrefixSchedule, RunsEveryItemOnceLongestFirstOnTheFewestCtas) {
     units.push_back({.block_begin = 0, .num_tokens = tokens, .query_begin = 0, .rows = rows,
                      .second_tokens = pair ? 16 : 0, .first_rows = rows});
     const int64_t cost = (pair ? 1 : (tokens + 63) / 64) * (rows > 64 ? 6 : rows > 32 ? 5 : 4) +
-                         (!pair && tokens > 64 && rows <= 64 ? 4 : 0);
+                         (!pair && tokens > 64 && rows <= 32 ? 4 : 0);
     total += 4 * cost;
     largest = std::max(largest, cost);
   }

@@ -178,7 +178,7 @@ KernelUnits kernel_units(const attention::PrefixPlan& plan, std::span<const int3
   const auto push_tails = [&](const attention::PrefixUnit& u) {
     KernelUnit& k_unit = k.units.back();
     const int32_t group = plan.group, warps_m = prefix_m_tile(k_unit.rows) / 16;
-    const int32_t warps_n = prefix_warps_n(warps_m * 16);
+    const int32_t warps_n = warps_m <= 4 ? 4 / warps_m : 1;
     pieces.clear();
     for (int32_t i = u.tail_begin; i < u.tail_begin + u.num_tails; ++i) {
       const attention::UnitTail& t = plan.unit_tails[size_t(i)];
@@ -289,7 +289,7 @@ int64_t prefix_item_cost(const KernelUnit& u) {
   const int64_t tile_cost = u.rows > 64 ? 6 : u.rows > 32 ? 5 : 4;
   // The warps that split the tokens of an item of more than one tile and at most 32 rows ⊕ their
   // states at its end (prefix_tiled.cuh's finish_item).
-  const bool reduces = u.rows <= 64 && (span > kPrefixTileTokens || u.tail_tiles > 0);
+  const bool reduces = u.rows <= 32 && (span > kPrefixTileTokens || u.tail_tiles > 0);
   return (span + kPrefixTileTokens - 1) / kPrefixTileTokens * tile_cost + int64_t(u.tail_tiles) * 4 + (reduces ? 4 : 0);
 }
 

@@ -32,10 +32,6 @@ constexpr int32_t prefix_max_tail_tokens(int32_t group, int32_t block_size) {
 // the plan keeps at most 128 rows). M / 16 warps own 16 rows each.
 constexpr int prefix_m_tile(int rows) { return rows <= 16 ? 16 : rows <= 32 ? 32 : rows <= 64 ? 64 : 128; }
 
-// The computing warps that split each tile's tokens among them for a row block of an item of M
-// tile m (M / 16 row blocks): four warps in all at M = 16 and 32, all eight at 64 and 128.
-constexpr int prefix_warps_n(int m_tile) { return m_tile == 128 ? 1 : m_tile == 64 ? 2 : 64 / m_tile; }
-
 // A plan unit as the kernel runs it, or two short ones sharing one 64-token KV tile (a pair): the
 // first's tokens at tile rows [0, 32), the second's from row 32, and their query rows one after
 // the other (the first's are rows [0, first_rows)).

@@ -130,11 +130,10 @@ struct PrefixTiledConfig {
   // elements (68 words): the 4-byte accesses of a warp's 8 rows x 4 columns fall in distinct banks.
   static constexpr int kReduceStride = kHeadDim + 8;
   static constexpr int kReduceSlotBytes = 16 * kReduceStride * 2 + 32 * 4;
-  static constexpr int kReduceSlots = 4;  // (warps_n - 1) x warps_m: 3 at M = 16, 2 at 32, 4 at 64
 
   // Shared memory, in this order.
   static constexpr int kReduceOffset = kStages * kStageBytes;
-  static constexpr int kQueryRingOffset = kReduceOffset + kReduceSlots * kReduceSlotBytes;
+  static constexpr int kQueryRingOffset = kReduceOffset + (kItemWarps - 1) * kReduceSlotBytes;
   static constexpr int kDescRingOffset = kQueryRingOffset + kQuerySlots * kMaxRows * 8;
   static constexpr int kStageDescOffset = kDescRingOffset + (kLookahead + 1) * int(sizeof(PrefixTileDesc));
   static constexpr int kBarrierOffset = kStageDescOffset + kStages * int(sizeof(PrefixTileDesc));
@@ -468,7 +467,7 @@ __global__ void __launch_bounds__(PrefixTiledConfig<kHeadDim>::kThreads, 1)
   // items of at most 32 rows), rather than a row block's warps splitting the tokens.
   auto start_item = [&](int stage, int q_stage, bool alone, int pair_split, int first_rows) {
     warps_m = prefix_m_tile(rows) / 16;
-    warps_n = alone ? 1 : prefix_warps_n(warps_m * 16);
+    warps_n = alone || warps_m > C::kItemWarps ? 1 : C::kItemWarps / warps_m;
     wm = warp % warps_m;
     wn = alone ? 0 : warp / warps_m;
     slice = C::kTileTokens / warps_n;
@@ -569,11 +568,7 @@ __global__ void __launch_bounds__(PrefixTiledConfig<kHeadDim>::kThreads, 1)
       row_sum[h] += __shfl_xor_sync(0xffffffffu, row_sum[h], 1);
       row_sum[h] += __shfl_xor_sync(0xffffffffu, row_sum[h], 2);
     }
-    if (warps_n > 1) {  // uniform over the item's warps: every one reaches the barriers
-      // Eight warps (M = 64): warps 4-7 may end the item while warps 0-3 still ⊕ an earlier
-      // item of four warps in the same buffer, so all eight meet first, on a barrier of their own.
-      const bool eight = warps_m * warps_n > C::kItemWarps;
-      if (eight) ptx::named_barrier(3, C::kConsumerThreads);
+    if (warps_n > 1) {  // uniform over the item's warps: every one reaches both barriers
       constexpr int kStats = 16 * C::kReduceStride * 2;  // byte offset of 16 maxima, then 16 sums
       auto slot = [&](int j) { return smem + C::kReduceOffset + ((j - 1) * warps_m + wm) * C::kReduceSlotBytes; };
       auto word = [&](uint8_t* s, int n, int h) {
@@ -593,12 +588,7 @@ __global__ void __launch_bounds__(PrefixTiledConfig<kHeadDim>::kThreads, 1)
           }
         }
       }
-      if (eight) {
-        ptx::named_barrier(3, C::kConsumerThreads);
-      } else {
-        ptx::named_barrier(1, C::kItemWarps * 32);
-      }
-      if (eight && wn > 0) return;
+      ptx::named_barrier(1, C::kItemWarps * 32);
       if (wn == 0) {
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
@@ -627,7 +617,7 @@ __global__ void __launch_bounds__(PrefixTiledConfig<kHeadDim>::kThreads, 1)
           row_sum[h] = sum;
         }
       }
-      ptx::named_barrier(1, C::kItemWarps * 32);  // the buffer is free for the next item (warps 0-3)
+      ptx::named_barrier(1, C::kItemWarps * 32);  // the buffer is free for the next item
       if (wn > 0) return;
     }
     const attention::UnitQuery* queries = query_ring + query_slot * C::kMaxRows;
@@ -666,7 +656,7 @@ __global__ void __launch_bounds__(PrefixTiledConfig<kHeadDim>::kThreads, 1)
     const bool alone = tile == 0 && last && d.rows <= 32;
     const int tail_warps = d.tail_warps;
     const int alone_warps = prefix_m_tile(d.rows) / 16, first_warp = stage * alone_warps % C::kItemWarps;
-    const bool member = warp < C::kItemWarps || d.rows > 32;
+    const bool member = warp < C::kItemWarps || d.rows > C::kStageQRows;
     const bool mine = alone            ? warp >= first_warp && warp < first_warp + alone_warps
                       : tail_warps != 0 ? (tail_warps >> warp & 1) != 0
                                         : member;
@@ -677,7 +667,7 @@ __global__ void __launch_bounds__(PrefixTiledConfig<kHeadDim>::kThreads, 1)
         kv_head = d.kv_head;
         query_slot = d.query_slot;
         int q_stage = stage;
-        if (warp >= C::kItemWarps && d.rows > C::kStageQRows) {  // rows from 64 on: their Q comes with the item's second tile
+        if (warp >= C::kItemWarps) {  // rows from 64 on: their Q comes with the item's second tile
           q_stage = (step + 1) % C::kStages;
           ptx::mbarrier_wait(full_barrier(q_stage), ((step + 1) / C::kStages) & 1);
         }
