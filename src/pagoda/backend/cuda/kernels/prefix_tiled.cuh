@@ -457,7 +457,6 @@ __global__ void __launch_bounds__(PrefixTiledConfig<kHeadDim>::kThreads, 1)
   // The item being computed and this warp's share of it: rows 16 wm.., tokens slice wn.
   int num_tokens = 0, rows = 0, kv_head = 0, query_slot = 0;
   int warps_m = 1, warps_n = 1, wm = 0, wn = 0, slice = C::kTileTokens;
-  bool by_turn = false;  // the row block's warps take the item's shared tiles in turn, whole
   int token_begin[2], token_end[2];  // the item-relative tokens rows g and g + 8 attend to
   uint32_t q_frag[kDimSteps][4];
   float o_acc[kDimTiles][4];
@@ -472,7 +471,6 @@ __global__ void __launch_bounds__(PrefixTiledConfig<kHeadDim>::kThreads, 1)
     wm = warp % warps_m;
     wn = alone ? 0 : warp / warps_m;
     slice = C::kTileTokens / warps_n;
-    by_turn = warps_n > 1 && warps_m <= 2;
 #pragma unroll
     for (int h = 0; h < 2; ++h) {  // a pair's rows see only their own unit's tokens
       const bool first = wm * 16 + g + 8 * h < first_rows;
@@ -679,10 +677,6 @@ __global__ void __launch_bounds__(PrefixTiledConfig<kHeadDim>::kThreads, 1)
       // token at tile row 0. A tail tile goes whole to each of its warps, its rows' ranges
       // tile-relative (its second half holds no data, not even zeros, under a short lone tail).
       int token0 = tile * C::kTileTokens, end = num_tokens - token0, lo = wn * slice, hi = lo + slice;
-      if (by_turn && tail_warps == 0) {
-        lo = 0;
-        hi = tile % warps_n == wn ? C::kTileTokens : 0;
-      }
       if (tail_warps == 0 && tile > 0) {  // maybe after a tail tile's ranges (an item of two tiles is no pair)
         token_begin[0] = token_begin[1] = 0;
         token_end[0] = token_end[1] = num_tokens;
