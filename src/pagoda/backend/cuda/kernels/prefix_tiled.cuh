@@ -426,21 +426,17 @@ __global__ void __launch_bounds__(PrefixTiledConfig<kHeadDim>::kThreads, 1)
       return !done;
     };
 
-    // The first tile's metadata, then its copies, then the look-ahead's other tiles: a CTA's first
-    // copies wait for one tile's look-ahead, not kLookahead of them. Two empty groups keep
-    // copy_tile's count of the groups after a tile's.
-    look_ahead(0);
 #pragma unroll 1
-    for (int group = 0; group < C::kLookahead; ++group) ptx::cp_async_commit();
+    for (int step = 0; step < C::kLookahead; ++step) {
+      look_ahead(step);
+      ptx::cp_async_commit();
+    }
 #pragma unroll 1
     for (int step = 0;; ++step) {
       const bool more = copy_tile(step);
       if (!more) break;
-#pragma unroll 1
-      for (int ahead = step == 0 ? 1 : step + C::kLookahead; ahead <= step + C::kLookahead; ++ahead) {
-        look_ahead(ahead);
-        ptx::cp_async_commit();
-      }
+      look_ahead(step + C::kLookahead);
+      ptx::cp_async_commit();
     }
     ptx::cp_async_wait_all();  // nothing may be in flight into shared memory when the warp exits
     return;
