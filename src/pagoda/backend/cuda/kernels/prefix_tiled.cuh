@@ -363,31 +363,6 @@ __global__ void __launch_bounds__(PrefixTiledConfig<kHeadDim>::kThreads, 1)
       if (step >= C::kStages) ptx::mbarrier_wait(empty_barrier(stage), (step / C::kStages - 1) & 1);
       const bool done = kv_head < 0;
       if (!done) {
-        // Q rows [0, 64) with the item's first tile, the rest with its second: asked for before the
-        // KV, which the first tile also waits for.
-        if (tile == 0 || (tile == 1 && rows > C::kStageQRows)) {
-          constexpr int kRowsPerPass = C::kProducerThreads / C::kChunksPerRow;
-          constexpr int kPasses = C::kStageQRows / kRowsPerPass;
-          const uint32_t q_dst = stage_base(stage) + 2 * C::kKvTileBytes;
-          // Row row0 + pass * kRowsPerPass: row0 < kRowsPerPass, a multiple of 8, keeps its swizzle
-          // (row % 8) and its place in the 16 rows, so its offset is row0's plus a constant.
-          static_assert(kRowsPerPass % 8 == 0 && 16 % kRowsPerPass == 0);
-          const uint32_t q_offset = swizzled(row0, chunk);
-          const attention::UnitQuery* queries = query_ring + query_slot * C::kMaxRows;
-          const int q_end = min(prefix_m_tile(rows), (tile + 1) * C::kStageQRows);
-          const T* q = static_cast<const T*>(p.q) + chunk * 8;
-#pragma unroll
-          for (int pass = 0; pass < kPasses; ++pass) {
-            const int row = tile * C::kStageQRows + row0 + pass * kRowsPerPass;
-            if (row >= q_end) break;
-            const bool valid = row < rows;
-            const int query = int((uint64_t(row) * group_magic) >> 32);
-            const int64_t q_row = valid ? int64_t(queries[query].seq) * p.num_q_heads + int64_t(kv_head) * p.group +
-                                              (row - query * p.group)
-                                        : 0;
-            ptx::cp_async_16(q_dst + q_offset + swizzled(pass * kRowsPerPass, 0), q + q_row * kHeadDim, valid ? 16 : 0);
-          }
-        }
         const uint32_t k_dst = stage_base(stage) + row_group * C::kGroupBytes;
         const uint32_t v_dst = k_dst + C::kKvTileBytes;
         if (group_end - group_row >= kKvMapBoxTokens) {
@@ -412,6 +387,30 @@ __global__ void __launch_bounds__(PrefixTiledConfig<kHeadDim>::kThreads, 1)
             ptx::cp_async_16(k_dst + swizzled(r, lane_chunk), src, bytes);
             ptx::cp_async_16(v_dst + swizzled(r, lane_chunk), src + v_minus_k, bytes);
             src += kRowsPerCopy * p.pool.token_stride;
+          }
+        }
+        // Q rows [0, 64) with the item's first tile, the rest with its second.
+        if (tile == 0 || (tile == 1 && rows > C::kStageQRows)) {
+          constexpr int kRowsPerPass = C::kProducerThreads / C::kChunksPerRow;
+          constexpr int kPasses = C::kStageQRows / kRowsPerPass;
+          const uint32_t q_dst = stage_base(stage) + 2 * C::kKvTileBytes;
+          // Row row0 + pass * kRowsPerPass: row0 < kRowsPerPass, a multiple of 8, keeps its swizzle
+          // (row % 8) and its place in the 16 rows, so its offset is row0's plus a constant.
+          static_assert(kRowsPerPass % 8 == 0 && 16 % kRowsPerPass == 0);
+          const uint32_t q_offset = swizzled(row0, chunk);
+          const attention::UnitQuery* queries = query_ring + query_slot * C::kMaxRows;
+          const int q_end = min(prefix_m_tile(rows), (tile + 1) * C::kStageQRows);
+          const T* q = static_cast<const T*>(p.q) + chunk * 8;
+#pragma unroll
+          for (int pass = 0; pass < kPasses; ++pass) {
+            const int row = tile * C::kStageQRows + row0 + pass * kRowsPerPass;
+            if (row >= q_end) break;
+            const bool valid = row < rows;
+            const int query = int((uint64_t(row) * group_magic) >> 32);
+            const int64_t q_row = valid ? int64_t(queries[query].seq) * p.num_q_heads + int64_t(kv_head) * p.group +
+                                              (row - query * p.group)
+                                        : 0;
+            ptx::cp_async_16(q_dst + q_offset + swizzled(pass * kRowsPerPass, 0), q + q_row * kHeadDim, valid ? 16 : 0);
           }
         }
       }
