@@ -233,44 +233,11 @@ __global__ void __launch_bounds__(PrefixTiledConfig<kHeadDim>::kThreads, 1)
     };
     int window = 0;
     Unit window_units = read_unit(lane), next_units = read_unit(32 + lane);
-    // The metadata the look-ahead will read of a lane's item (its block ids, tail tiles and query
-    // list), prefetched into L2 as soon as its unit is known: the look-ahead's own reads, one per
-    // tile, then hit L2 instead of each waiting out a DRAM round trip behind the KV stream.
-    auto prefetch_metadata = [&](const Unit& u) {
-      if (u.kv_head < 0) return;
-      auto range = [](const void* begin, const void* end) {
-        const uintptr_t b = uintptr_t(begin) & ~uintptr_t(15), e = (uintptr_t(end) + 15) & ~uintptr_t(15);
-        ptx::prefetch_l2(reinterpret_cast<const void*>(b), uint32_t(e - b));
-      };
-      const int block_size = 1 << p.pool.block_size_log2;
-      const int first_tokens = u.pair_split > 0 ? u.pair_split : u.num_tokens;
-      const int32_t* ids = p.block_ids + u.block_begin;
-      if (first_tokens > 0) range(ids, ids + (first_tokens + block_size - 1) / block_size);
-      if (u.pair_split > 0) {
-        const int32_t* second = p.block_ids + u.second_block_begin;
-        range(second, second + (u.num_tokens - C::kTileTokens / 2 + block_size - 1) / block_size);
-      }
-      if (u.tail_tiles > 0) range(p.tail_tiles + u.tail_begin, p.tail_tiles + u.tail_begin + u.tail_tiles);
-      range(p.unit_queries + u.query_begin, p.unit_queries + u.query_begin + (u.rows + p.group - 1) / p.group);
-    };
-    // next_units' metadata waits until the window has moved 8 items into its own: their loads
-    // have landed by then, and the prefetch does not stall the warp on them.
-    bool next_prefetched = false;
-    if (warp == C::kConsumerWarps) {
-      prefetch_metadata(window_units);
-      prefetch_metadata(next_units);
-      next_prefetched = true;
-    }
     auto unit_of = [&](int n) {  // n: warp-uniform, never behind the window
       if (n >= window + 32) {
         window += 32;
         window_units = next_units;
         next_units = read_unit(window + 32 + lane);
-        next_prefetched = false;
-      }
-      if (!next_prefetched && n >= window + 8 && warp == C::kConsumerWarps) {
-        prefetch_metadata(next_units);
-        next_prefetched = true;
       }
       const int from = n - window;
       return Unit{__shfl_sync(0xffffffffu, window_units.block_begin, from),
