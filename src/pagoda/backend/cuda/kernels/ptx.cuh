@@ -72,10 +72,10 @@ __device__ __forceinline__ void mbarrier_wait(uint32_t bar, uint32_t parity) {
       "{\n"
       ".reg .pred done;\n"
       "wait:\n"
-      "mbarrier.try_wait.parity.acquire.cta.shared::cta.b64 done, [%0], %1, %2;\n"
+      "mbarrier.try_wait.parity.acquire.cta.shared::cta.b64 done, [%0], %1;\n"
       "@!done bra wait;\n"
       "}\n" ::"r"(bar),
-      "r"(parity), "n"(10000000)
+      "r"(parity)
       : "memory");
 }
 
