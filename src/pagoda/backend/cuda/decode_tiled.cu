@@ -9,15 +9,9 @@
 namespace pagoda::cuda {
 namespace {
 
-// Experiment: enough shared memory that one CTA fits per SM, as in the prefix kernel (one stream
-// of KV per SM instead of two).
-template <int kHeadDim>
-constexpr int kLaunchSmem = DecodeTiledConfig<kHeadDim>::kSmemBytes < 120 * 1024 ? 120 * 1024
-                                                                                 : DecodeTiledConfig<kHeadDim>::kSmemBytes;
-
 template <typename T, int kHeadDim>
 void allow_shared_memory() {
-  allow_dynamic_shared_memory<decode_tiled_kernel<T, kHeadDim>, kLaunchSmem<kHeadDim>>(
+  allow_dynamic_shared_memory<decode_tiled_kernel<T, kHeadDim>, int(DecodeTiledConfig<kHeadDim>::kSmemBytes)>(
       "cudaFuncSetAttribute(decode_tiled_kernel)");
 }
 
@@ -31,7 +25,7 @@ void launch_decode_tiled(DType dtype, int head_dim, DecodeParams p, int num_item
     p.prefetch_distance = p.prefetch_distance <= 0 ? C::kDefaultPrefetchDistance
                           : p.prefetch_distance < C::kStages ? C::kStages
                                                              : p.prefetch_distance;
-    decode_tiled_kernel<T, kHeadDim><<<num_items, C::kThreads, kLaunchSmem<kHeadDim>, stream>>>(p);
+    decode_tiled_kernel<T, kHeadDim><<<num_items, C::kThreads, C::kSmemBytes, stream>>>(p);
     check_cuda(cudaGetLastError(), "decode_tiled_kernel launch");
   });
 }
@@ -42,7 +36,7 @@ int decode_tiled_ctas_per_sm(DType dtype, int head_dim) {
     using C = DecodeTiledConfig<kHeadDim>;
     allow_shared_memory<T, kHeadDim>();
     check_cuda(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&ctas, decode_tiled_kernel<T, kHeadDim>,
-                                                             C::kThreads, kLaunchSmem<kHeadDim>),
+                                                             C::kThreads, C::kSmemBytes),
                "cudaOccupancyMaxActiveBlocksPerMultiprocessor");
   });
   return ctas;
