@@ -40,7 +40,7 @@ struct DecodeTiledConfig {
   static constexpr int kTileBytes = kTileTokens * kRowBytes;  // K or V of one tile
   // About 64-128 KB of tiles per CTA: enough bytes in flight per SM to cover memory latency
   // with 1-3 resident CTAs.
-  static constexpr int kStages = kHeadDim == 64 ? 4 : kHeadDim == 128 ? 5 : 2;  // experiment: one CTA per SM, 4 tiles in flight
+  static constexpr int kStages = kHeadDim == 64 ? 4 : kHeadDim == 128 ? 3 : 2;
   static constexpr int kPipelineBytes = kStages * 2 * kTileBytes;
   // The epilogue reuses the pipeline's memory: per warp 8 rows of o, their max and sum.
   static constexpr int kReduceBytes = kWarps * 8 * (kHeadDim + 2) * 4;
