@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
-# Issue 3's whole GPU session in one call on a lent machine: build, GPU tests, `pagoda bench
-# attention`, FlashInfer on the same sweep, the comparison, the plot, and ncu's L2 hit rate of the
-# paper-structure kernel. Results land in $OUT (default ./device-out): the JSON, the comparison,
-# the plot and ncu's figures, and every file (logs too) in device_attention.tgz, packed after each
-# step (scripts/device_out.sh).
+# Decode attention on a lent GPU machine, in one call: build, GPU tests, `pagoda bench attention`,
+# FlashInfer on the same sweep, the comparison, the plot, and ncu's L2 hit rate of the per-head
+# decode kernel (the L2-prefetch paper's structure). Results land in $OUT (default ./device-out):
+# the JSON, the comparison, the plot and ncu's figures, and every file (logs too) in
+# device_attention.tgz, packed after each step (scripts/device_common.sh).
 #   here:   bash scripts/fetch_device_deps.sh   (and .flashinfer-wheels, see bench/flashinfer_decode.py)
 #   there:  bash scripts/device_attention.sh     (carry .device-deps and .flashinfer-wheels)
 # Environment:
@@ -11,26 +11,19 @@
 #   PAGODA_ARGS  flags for `pagoda bench attention` only, e.g. "--variants tiled,tiled_prefetch"
 #   STEPS        which steps to run [tests bench flashinfer ncu]
 set -euo pipefail
-# shellcheck source=scripts/device_out.sh
-source "$(dirname "$0")/device_out.sh"
-device_out_init device_attention
-cd "$(dirname "$0")/.."
+# shellcheck source=scripts/device_common.sh
+source "$(dirname "$0")/device_common.sh"
+device_init device_attention "tests bench flashinfer ncu"
 results=(gpu.txt attention.json attention.png flashinfer_attention.json compare_flashinfer.md ncu_paper_baseline.txt)
 read -r -a bench_args <<<"${BENCH_ARGS:-}"
 read -r -a pagoda_args <<<"${PAGODA_ARGS:-}"
-steps=" ${STEPS:-tests bench flashinfer ncu} "
-has() { [[ "$steps" == *" $1 "* ]]; }
-python=/opt/torch/.venv/bin/python3
-[[ -x $python ]] || python=python3
-nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.max.sm,clocks.max.mem --format=csv | tee "$out/gpu.txt"
+gpu_info
 
 # FlashInfer's kernels compile just-in-time (minutes): install and compile them while pagoda builds.
 if has flashinfer; then
   (
-    $python -m pip install -q --no-index --find-links .flashinfer-wheels --no-deps \
-      flashinfer-python==0.7.0.post1 "apache-tvm-ffi>=0.1.11,<0.2" click einops ninja nvidia-ml-py \
-      tabulate "packaging>=24.2" requests urllib3 idna charset-normalizer certifi tqdm \
-      "typing-extensions>=4.13" &&
+    flashinfer_install click einops ninja nvidia-ml-py tabulate "packaging>=24.2" requests urllib3 idna \
+      charset-normalizer certifi tqdm "typing-extensions>=4.13" &&
       $python bench/flashinfer_decode.py --compile-only "${bench_args[@]}" --out "$out/flashinfer_jit.json"
   ) >"$out/flashinfer_jit.log" 2>&1 &
   flashinfer_jit=$!
@@ -69,8 +62,8 @@ if has flashinfer; then
 fi
 
 if has ncu; then
-  # The paper's measurement (Table 3): L2 hit rate of the baseline structure with and without
-  # prefetch at the Llama-2-7B shape, batch 64, context 4K.
+  # The L2-prefetch paper's measurement (its Table 3): the L2 hit rate of the per-head kernel
+  # with and without prefetch at the Llama-2-7B shape, batch 64, context 4K.
   ncu --clock-control none -k regex:decode_paper_baseline --metrics \
     lts__t_sector_hit_rate.pct,lts__t_sector_op_read_hit_rate.pct,gpu__time_duration.sum,dram__bytes_read.sum \
     ./build/pagoda bench attention --batches 64 --contexts 4096 --heads 32/32 --runs 1 --warmup 0 \

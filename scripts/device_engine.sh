@@ -1,34 +1,32 @@
 #!/usr/bin/env bash
-# Issue 4's GPU session on a lent machine: build, the GPU tests, and the engine benchmarks on
+# The engine on a lent GPU machine, in one call: build, the GPU tests, and the engine benchmarks on
 # random checkpoints of real shapes, with Hugging Face transformers as the peer in the same run.
 # Results land in $OUT (default ./device-out): the JSON and the comparison, and every file (logs
-# too) in device_engine.tgz, packed after each step (scripts/device_out.sh).
-#   here:   bash scripts/fetch_device_deps.sh; mkdir -p .device-data && cp ../shared/workloads/mooncake_synthetic_trace.jsonl .device-data/
-#   there:  STEPS="build tests" bash scripts/device_engine.sh     (carry .device-deps and .device-data)
+# too) in device_engine.tgz, packed after each step (scripts/device_common.sh).
+#   here:   bash scripts/fetch_device_deps.sh
+#   there:  STEPS="build tests" bash scripts/device_engine.sh     (carry .device-deps)
+# The trace steps replay bench/workloads/mooncake_synthetic_trace.jsonl, which is in the tree.
 # The GPU tests of the whole model need the default model (SmolLM2, 98 MB), which no single call
 # can carry (64 MiB): split it here (`split -n 3 -d FILE`, a part in each of .device-model/{a,b,c}),
 # carry one part per call, `cat` them together there and export PAGODA_MODEL=that file.
 # STEPS (in this order): build tests llama3 trace shared trace_modes llama2 hf
 # Environment: MODELS (where checkpoints go) [/tmp/pagoda-models], OUTPUT (offline output tokens)
-# [2048], HF_OUTPUT (output tokens of the transformers run) [256]
+# [2048], HF_OUTPUT (output tokens of the transformers run) [256], TRACE_ARGS (the trace step's
+# scaling) [--length-scale 0.0625 --time-scale 0.05 --max-input 8000]
 set -euo pipefail
-# shellcheck source=scripts/device_out.sh
-source "$(dirname "$0")/device_out.sh"
-device_out_init device_engine
-cd "$(dirname "$0")/.."
+# shellcheck source=scripts/device_common.sh
+source "$(dirname "$0")/device_common.sh"
+device_init device_engine "build tests llama3 trace llama2 hf"
 models=${MODELS:-/tmp/pagoda-models}
 output=${OUTPUT:-2048}
 hf_output=${HF_OUTPUT:-256}
+trace=bench/workloads/mooncake_synthetic_trace.jsonl
 mkdir -p "$models"
 results=(gpu.txt "throughput_llama3-8b_o$output.json" trace_llama3-8b.json "throughput_llama2-7b_o$output.json"
   "throughput_llama2-7b_o$hf_output.json" "hf_llama2-7b_o$hf_output.json" compare_hf.md)
 trap 'deliver "${results[@]}"' EXIT
-steps=" ${STEPS:-build tests llama3 trace llama2 hf} "
-has() { [[ "$steps" == *" $1 "* ]]; }
-python=/opt/torch/.venv/bin/python3
-[[ -x $python ]] || python=python3
-nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee "$out/gpu.txt"
-device=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -n1)
+gpu_info name,memory.total,driver_version
+device=$(cut -d, -f1 "$out/gpu.txt" | head -n1)
 
 if has build; then
   bash scripts/device_build.sh pagoda gpu_tests >"$out/build.log" 2>&1 || { grep -m5 -A5 error "$out/build.log"; tail -n 20 "$out/build.log"; exit 1; }
@@ -61,7 +59,7 @@ fi
 
 if has trace; then
   make_model llama3-8b
-  ./build/pagoda bench throughput -m "$models/llama3-8b" --backend cuda --trace .device-data/mooncake_synthetic_trace.jsonl \
+  ./build/pagoda bench throughput -m "$models/llama3-8b" --backend cuda --trace "$trace" \
     ${TRACE_ARGS:---length-scale 0.0625 --time-scale 0.05 --max-input 8000} --max-batch 64 --step-tokens 8192 \
     --kv-memory-mb 60000 --json "$out/trace_llama3-8b.json" 2>&1 | tail -n 25
   deliver "${results[@]}"
@@ -98,7 +96,7 @@ fi
 if has trace_modes; then
   make_model llama3-8b
   for attention in paged prefix auto; do
-    ./build/pagoda bench throughput -m "$models/llama3-8b" --backend cuda --trace .device-data/mooncake_synthetic_trace.jsonl \
+    ./build/pagoda bench throughput -m "$models/llama3-8b" --backend cuda --trace "$trace" \
       --time-scale 0.05 --length-scale 0.0625 --output-scale 0.25 --max-input 7300 --attention "$attention" \
       --max-batch 64 --step-tokens 8192 --kv-memory-mb 40000 --json "$out/trace_modes_$attention.json" 2>&1 |
       grep -E "TPOT|wall time|prefix-attention steps|step planning"

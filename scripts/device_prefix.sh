@@ -1,41 +1,37 @@
 #!/usr/bin/env bash
-# Issue 6's GPU session in one call on a lent machine: build, the prefix-attention GPU tests (and
-# the decode and merge tests the change touches), `pagoda bench prefix-attention` on the listed
-# batches, FlashInfer's decode and cascade wrappers on the same batches, and the comparison.
-# Results land in $OUT (default ./device-out): prefix_attention.json, flashinfer_prefix.json, and
-# every file (logs, ncu reports) in device_prefix.tgz, packed after each step (scripts/device_out.sh).
+# Prefix-aware decode attention on a lent GPU machine, in one call: build, the prefix-attention
+# GPU tests (and the decode and merge tests beside them), `pagoda bench prefix-attention`,
+# FlashInfer's decode and cascade wrappers on the same batches. Results land in $OUT (default
+# ./device-out): prefix_attention.json, flashinfer_prefix.json, and every file (logs, ncu
+# reports) in device_prefix.tgz, packed after each step (scripts/device_common.sh).
 #   here:   bash scripts/fetch_device_deps.sh   (and .flashinfer-wheels, see bench/flashinfer_decode.py)
 #   there:  bash scripts/device_prefix.sh        (carry .device-deps and .flashinfer-wheels)
+#   then:   bench/compare_prefix.py joins the JSONs with bench/workloads/pat_reference.md
 # Environment:
 #   TREES        ';'-separated batches for both benchmarks, as the bench's --tree takes them [listed: the
-#                eight of shared/workloads/README.md]; `pat`: the twenty trees of the PAT artifact's kernel
-#                benchmark (benchmark/run_kernel_bench.sh of github.com/flashserve/PAT), the eight among them
+#                eight of bench/workloads/README.md]; `pat`: the twenty trees of the PAT artifact's
+#                kernel benchmark (benchmark/run_kernel_bench.sh of github.com/flashserve/PAT)
 #   HEADS        head configurations [32/32,16/8,32/8,64/8]
 #   STEPS        which steps to run [tests bench flashinfer]; `ncu` adds Nsight Compute's full set
-#                and the L2's busiest-unit breakdown for the prefix kernel and the issue-3 kernel on
-#                each of NCU_CONFIGS, each kernel alone: in the archive, ncu_*.txt (details),
-#                ncu_*.raw.csv.gz (every metric), ncu_*.sass.csv.gz (per-instruction stall samples)
-#                and ncu_*.stalls.txt (those samples by warp role: bench/ncu_stalls.py); the reports
-#                themselves stay in /tmp there (a few of them pass the tool's 16 MiB a file)
+#                and the L2's busiest-unit breakdown for the prefix kernel and the paged decode
+#                kernel on each of NCU_CONFIGS, each kernel alone: in the archive, ncu_*.txt
+#                (details), ncu_*.raw.csv.gz (every metric), ncu_*.sass.csv.gz (per-instruction
+#                stall samples) and ncu_*.stalls.txt (those samples by warp role:
+#                bench/ncu_stalls.py); the reports themselves stay in /tmp there (a few of them
+#                pass the tool's 16 MiB a file)
 #   NCU_CONFIGS  ';'-separated "TREE HEADS" pairs for the ncu step [256_4096 32/8]
 #   GTEST_FILTER the GPU tests to run [*Prefix*:*Merge*:GpuDecode*]
 set -euo pipefail
-# shellcheck source=scripts/device_out.sh
-source "$(dirname "$0")/device_out.sh"
-device_out_init device_prefix
-cd "$(dirname "$0")/.."
-steps=" ${STEPS:-tests bench flashinfer} "
-has() { [[ "$steps" == *" $1 "* ]]; }
+# shellcheck source=scripts/device_common.sh
+source "$(dirname "$0")/device_common.sh"
+device_init device_prefix "tests bench flashinfer"
 heads=${HEADS:-32/32,16/8,32/8,64/8}
-python=/opt/torch/.venv/bin/python3
-[[ -x $python ]] || python=python3
-nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.max.sm,clocks.max.mem --format=csv | tee "$out/gpu.txt"
+gpu_info
 
 # FlashInfer's kernels compile just-in-time (minutes): install and compile them while pagoda builds.
 if has flashinfer; then
   (
-    $python -m pip install -q --no-index --find-links .flashinfer-wheels --no-deps \
-      flashinfer-python==0.7.0.post1 "apache-tvm-ffi>=0.1.11,<0.2" &&
+    flashinfer_install &&
       $python bench/flashinfer_prefix.py --compile-only --heads "$heads" --jit-cache /tmp/flashinfer-jit \
         --out /tmp/flashinfer_jit.json
   ) >"$out/flashinfer_jit.log" 2>&1 &
@@ -92,4 +88,3 @@ if has ncu; then
     deliver "${results[@]}"
   done
 fi
-# The comparison with PAT and the plot: bench/compare_prefix.py, run where ../shared is.

@@ -8,8 +8,9 @@ benchmarks' own, and that bad input stops a script before any build.
 
 The stubs stand in for what needs a GPU. A scripts/device_build.sh in a copy of the scripts
 writes a build/pagoda that answers `bench prefix-attention --out FILE` with a JSON of fixed times,
-read from the tree's stub_us.txt (the patch under test changes it), and `--list-trees` with two
-trees. nvidia-smi and ncu are stubs on PATH.
+read from the tree's stub_us.txt, and `--list-trees` with two trees. The variant under test is a
+commit (branch `slower`) that changes stub_us.txt and is reverted by the next, as the
+experiments kept in history are. nvidia-smi and ncu are stubs on PATH.
 """
 import json
 import os
@@ -62,19 +63,29 @@ class DeviceScripts(unittest.TestCase):
         os.makedirs(os.path.join(self.tree, "bench"))
         shutil.copy(os.path.join(ROOT, "bench", "ncu_stalls.py"), os.path.join(self.tree, "bench"))
         os.makedirs(os.path.join(self.tree, ".device-deps"))
-        for name in ("device_ab.sh", "device_prefix.sh", "device_out.sh"):
+        for name in ("device_ab.sh", "device_prefix.sh", "device_common.sh"):
             shutil.copy(os.path.join(ROOT, "scripts", name), os.path.join(self.tree, "scripts", name))
         self.write(os.path.join(self.tree, "scripts", "device_build.sh"), STUB_BUILD)
         self.write(os.path.join(self.tree, "stub_us.txt"), "1000\n")
-        subprocess.run(["git", "init", "-q", self.tree], check=True)
-        self.patch = os.path.join(self.dir, "slower.patch")
-        self.write(self.patch, "--- a/stub_us.txt\n+++ b/stub_us.txt\n@@ -1 +1 @@\n-1000\n+1010\n")
+        # The repository: the tree, a variant commit, its revert (the tree the device gets is A).
+        self.git("init", "-q")
+        self.git("add", "-A")
+        self.git("commit", "-q", "-m", "tree")
+        self.write(os.path.join(self.tree, "stub_us.txt"), "1010\n")
+        self.git("commit", "-q", "-am", "experiment: slower")
+        self.git("branch", "slower")
+        self.git("revert", "--no-edit", "HEAD")
         bin_dir = os.path.join(self.dir, "bin")
         os.makedirs(bin_dir)
         self.write(os.path.join(bin_dir, "nvidia-smi"), "#!/usr/bin/env bash\necho 'NVIDIA Stub'\n")
         self.write(os.path.join(bin_dir, "ncu"), STUB_NCU)
         self.env = dict(os.environ, PATH=bin_dir + os.pathsep + os.environ["PATH"])
         self.out = os.path.join(self.dir, "out")
+
+    def git(self, *args):
+        env = dict(os.environ, GIT_AUTHOR_NAME="t", GIT_AUTHOR_EMAIL="t@t", GIT_COMMITTER_NAME="t",
+                   GIT_COMMITTER_EMAIL="t@t")
+        subprocess.run(["git", "-C", self.tree] + list(args), check=True, env=env, capture_output=True)
 
     @staticmethod
     def write(path, text):
@@ -97,7 +108,7 @@ class DeviceScripts(unittest.TestCase):
             return tar.extractfile("./" + member).read().decode()
 
     def test_ab_delivers_the_ratios_and_one_archive(self):
-        run = self.run_script(["bash", "scripts/device_ab.sh", self.patch], ROUNDS="2", TESTS="")
+        run = self.run_script(["bash", "scripts/device_ab.sh", "slower"], ROUNDS="2", TESTS="")
         self.assertEqual(run.returncode, 0, run.stderr)
         self.assertEqual(sorted(os.listdir(self.out)), ["ab.txt", "device_ab.tgz", "gpu.txt"])
         with open(os.path.join(self.out, "ab.txt")) as f:
@@ -111,7 +122,7 @@ class DeviceScripts(unittest.TestCase):
 
     def test_ab_cut_off_keeps_the_finished_round(self):
         # Round 2's bench sleeps past the limit: round 1 must be in the archive all the same.
-        run = self.run_script(["bash", "scripts/device_ab.sh", self.patch], timeout=10, ROUNDS="2", TESTS="",
+        run = self.run_script(["bash", "scripts/device_ab.sh", "slower"], timeout=10, ROUNDS="2", TESTS="",
                               STUB_SLEEP_ROUND_2="60")
         self.assertEqual(run.returncode, 124)
         self.assertLessEqual(len(os.listdir(self.out)), 8)
@@ -125,11 +136,12 @@ class DeviceScripts(unittest.TestCase):
 
     def test_ab_bad_input_stops_before_any_build(self):
         cases = [
-            ([], {}, "usage: bash scripts/device_ab.sh PATCH"),
-            ([os.path.join(self.dir, "missing.patch")], {}, "no patch"),
-            ([self.patch], {"KERNEL": "both"}, "KERNEL is prefix or decode"),
-            ([self.patch], {"ROUNDS": "0"}, "ROUNDS is a positive whole number, not '0'"),
-            ([self.patch], {"RUNS": "ten"}, "RUNS is a positive whole number, not 'ten'"),
+            ([], {}, "usage: bash scripts/device_ab.sh [--export] COMMIT"),
+            (["missing"], {}, "no commit 'missing' here and no .device-ab/missing.patch"),
+            (["slower~1"], {}, "'slower~1' is not a commit id or branch name"),
+            (["slower"], {"KERNEL": "both"}, "KERNEL is prefix or decode"),
+            (["slower"], {"ROUNDS": "0"}, "ROUNDS is a positive whole number, not '0'"),
+            (["slower"], {"RUNS": "ten"}, "RUNS is a positive whole number, not 'ten'"),
         ]
         for args, env, message in cases:
             run = self.run_script(["bash", "scripts/device_ab.sh"] + args, **env)
@@ -139,36 +151,52 @@ class DeviceScripts(unittest.TestCase):
             self.assertFalse(os.path.exists(os.path.join(self.tree, "build")), args)
 
     def test_ab_on_another_card_runs_nothing(self):
-        run = self.run_script(["bash", "scripts/device_ab.sh", self.patch], TESTS="", GPU="H200")
+        run = self.run_script(["bash", "scripts/device_ab.sh", "slower"], TESTS="", GPU="H200")
         self.assertEqual(run.returncode, 3, run.stderr)
         self.assertIn("the card is 'NVIDIA Stub', and GPU=H200 asks for another: nothing run", run.stderr)
         self.assertFalse(os.path.exists(os.path.join(self.tree, "build")))
         self.assertEqual(sorted(os.listdir(self.out)), ["device_ab.tgz", "gpu.txt"])
-        run = self.run_script(["bash", "scripts/device_ab.sh", self.patch], TESTS="", GPU="Stub")
+        run = self.run_script(["bash", "scripts/device_ab.sh", "slower"], TESTS="", GPU="Stub")
         self.assertEqual(run.returncode, 0, run.stderr)
         self.assertIn("ab.txt", os.listdir(self.out))
 
     def test_ab_two_variants_of_one_name(self):
-        other = os.path.join(self.dir, "again")
-        os.makedirs(other)
-        shutil.copy(self.patch, other)
-        run = self.run_script(["bash", "scripts/device_ab.sh", self.patch, os.path.join(other, "slower.patch")],
-                              TESTS="")
+        run = self.run_script(["bash", "scripts/device_ab.sh", "slower", "slower"], TESTS="")
         self.assertEqual(run.returncode, 2)
         self.assertIn("two variants named 'slower'", run.stderr)
         self.assertFalse(os.path.exists(os.path.join(self.tree, "build")))
 
     def test_deliver_refuses_more_results_than_come_back(self):
-        script = ('source scripts/device_out.sh && device_out_init t && touch "$out"/r{1..8} && '
+        script = ('source scripts/device_common.sh && device_init t && touch "$out"/r{1..8} && '
                   'deliver r1 r2 r3 r4 r5 r6 r7 r8')
         run = self.run_script(["bash", "-c", script])
         self.assertEqual(run.returncode, 1)
         self.assertIn("more than the 8 files that come back", run.stderr)
         self.assertEqual(os.listdir(self.out), [])
 
+    def test_ab_exported_commit_runs_where_there_is_no_git(self):
+        # The device's copy of the tree has no .git: the diff travels as .device-ab/COMMIT.patch.
+        run = self.run_script(["bash", "scripts/device_ab.sh", "--export", "slower"])
+        self.assertEqual(run.returncode, 0, run.stderr)
+        with open(os.path.join(self.tree, ".device-ab", "slower.patch")) as f:
+            self.assertIn("-1000\n+1010", f.read())
+        self.assertFalse(os.path.exists(self.out))  # exporting runs nothing
+        shutil.rmtree(os.path.join(self.tree, ".git"))
+        run = self.run_script(["bash", "scripts/device_ab.sh", "slower"], ROUNDS="1", TESTS="")
+        self.assertEqual(run.returncode, 0, run.stderr)
+        with open(os.path.join(self.out, "ab.txt")) as f:
+            self.assertIn("slower: time / A geomean 1.0100", f.read())
+        # Without git and without the exported diff, the call says what to do.
+        os.remove(os.path.join(self.tree, ".device-ab", "slower.patch"))
+        shutil.rmtree(self.out)
+        run = self.run_script(["bash", "scripts/device_ab.sh", "slower"], TESTS="")
+        self.assertEqual(run.returncode, 2)
+        self.assertIn("run 'bash scripts/device_ab.sh --export slower'", run.stderr)
+        self.assertFalse(os.path.exists(self.out))
+
     def test_ab_patch_that_does_not_apply(self):
         self.write(os.path.join(self.tree, "stub_us.txt"), "999\n")
-        run = self.run_script(["bash", "scripts/device_ab.sh", self.patch], TESTS="")
+        run = self.run_script(["bash", "scripts/device_ab.sh", "slower"], TESTS="")
         self.assertEqual(run.returncode, 1)
         self.assertIn("does not apply to this tree", run.stderr)
         self.assertFalse(os.path.exists(os.path.join(self.tree, "build")))
