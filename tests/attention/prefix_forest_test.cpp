@@ -11,7 +11,7 @@
 #include <vector>
 
 #include "pagoda/attention/prefix_plan.h"
-#include "pagoda/attention/tree_batch.h"
+#include "pagoda/bench/tree_batch.h"
 #include "pagoda/core/error.h"
 #include "prefix_batches.h"
 #include "reference.h"

@@ -16,7 +16,7 @@
 #include <utility>
 #include <vector>
 
-#include "pagoda/attention/tree_batch.h"
+#include "pagoda/bench/tree_batch.h"
 #include "pagoda/core/error.h"
 #include "prefix_batches.h"
 #include "reference.h"

@@ -31,7 +31,7 @@
 #include <vector>
 
 #include "attention_inputs.h"
-#include "pagoda/attention/cpu_executor.h"
+#include "pagoda/backend/cpu/decode_attention.h"
 #include "pagoda/attention/plan.h"
 #include "pagoda/backend/cuda/check.h"
 #include "pagoda/backend/cuda/device_array.h"

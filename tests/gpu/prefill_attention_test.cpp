@@ -30,7 +30,7 @@
 
 #include "../attention/reference.h"
 #include "attention_inputs.h"
-#include "pagoda/attention/prefill_cpu.h"
+#include "pagoda/backend/cpu/prefill_attention.h"
 #include "pagoda/backend/cuda/check.h"
 #include "pagoda/backend/cuda/device_array.h"
 #include "pagoda/core/error.h"

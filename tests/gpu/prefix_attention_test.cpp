@@ -26,10 +26,10 @@
 #include <vector>
 
 #include "attention_inputs.h"
-#include "pagoda/attention/cpu_executor.h"
+#include "pagoda/backend/cpu/decode_attention.h"
 #include "pagoda/attention/prefix_plan.h"
-#include "pagoda/attention/tree_batch.h"
-#include "pagoda/backend/cuda/bench_support.h"
+#include "pagoda/bench/tree_batch.h"
+#include "pagoda/bench/cuda_support.h"
 #include "pagoda/backend/cuda/check.h"
 #include "pagoda/core/error.h"
 

@@ -31,12 +31,12 @@
 #include <type_traits>
 
 #include "pagoda/attention/decode_batch.h"
-#include "pagoda/backend/cuda/bench_support.h"
+#include "pagoda/bench/cuda_support.h"
 #include "pagoda/backend/cuda/check.h"
 #include "pagoda/backend/cuda/decode_attention.h"
 #include "pagoda/backend/cuda/device_array.h"
-#include "pagoda/cli/bench_report.h"
-#include "pagoda/cli/head_spec.h"
+#include "pagoda/bench/bench_report.h"
+#include "pagoda/bench/head_spec.h"
 #include "pagoda/core/paged_kv.h"
 #endif
 

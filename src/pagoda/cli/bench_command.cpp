@@ -14,9 +14,9 @@
 
 #include <nlohmann/json.hpp>
 
-#include "pagoda/cli/bench_report.h"
+#include "pagoda/bench/bench_report.h"
 #include "pagoda/cli/commands.h"
-#include "pagoda/cli/host_bench_support.h"
+#include "pagoda/bench/host_support.h"
 #include "pagoda/cli/session.h"
 #include "pagoda/core/error.h"
 

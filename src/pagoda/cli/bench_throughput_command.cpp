@@ -29,16 +29,16 @@
 
 #include <nlohmann/json.hpp>
 
-#include "pagoda/cli/bench_report.h"
+#include "pagoda/bench/bench_report.h"
 #include "pagoda/cli/commands.h"
-#include "pagoda/cli/counter_random.h"
-#include "pagoda/cli/host_bench_support.h"
+#include "pagoda/bench/counter_random.h"
+#include "pagoda/bench/host_support.h"
 #include "pagoda/cli/session.h"
-#include "pagoda/cli/trace.h"
+#include "pagoda/bench/trace.h"
 #include "pagoda/core/error.h"
 
 #if PAGODA_HAVE_CUDA
-#include "pagoda/backend/cuda/bench_support.h"
+#include "pagoda/bench/cuda_support.h"
 #endif
 
 namespace pagoda::cli {

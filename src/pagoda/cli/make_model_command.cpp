@@ -7,8 +7,8 @@
 #include <string>
 
 #include "pagoda/cli/commands.h"
-#include "pagoda/cli/model_presets.h"
-#include "pagoda/cli/model_writer.h"
+#include "pagoda/bench/model_presets.h"
+#include "pagoda/bench/model_writer.h"
 #include "pagoda/core/error.h"
 
 namespace pagoda::cli {

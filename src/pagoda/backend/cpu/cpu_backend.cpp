@@ -6,8 +6,8 @@
 #include <cstring>
 #include <new>
 
-#include "pagoda/attention/cpu_executor.h"
-#include "pagoda/attention/prefill_cpu.h"
+#include "pagoda/backend/cpu/decode_attention.h"
+#include "pagoda/backend/cpu/prefill_attention.h"
 #include "pagoda/backend/cpu/elementwise.h"
 #include "pagoda/backend/cpu/matmul.h"
 #include "pagoda/core/error.h"

@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "pagoda/backend/backend.h"
+#include "pagoda/backend/cpu/kv_cache.h"
 
 namespace pagoda {
 

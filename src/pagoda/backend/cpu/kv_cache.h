@@ -12,18 +12,9 @@
 #include "pagoda/core/paged_kv.h"
 #include "pagoda/core/tensor.h"
 #include "pagoda/kv/block_table.h"
+#include "pagoda/kv/kv_cache_config.h"
 
 namespace pagoda::kv {
-
-struct KvCacheConfig {
-  int32_t num_layers = 0;
-  int32_t num_blocks = 0;
-  int32_t block_size = 16;  // tokens per block
-  int32_t num_kv_heads = 0;
-  int32_t head_dim = 0;
-  DType dtype = DType::kF32;  // f32, f16 or bf16
-  KvLayout layout = KvLayout::kHnd;
-};
 
 class KvCache {
  public:

@@ -1,4 +1,4 @@
-#include "pagoda/cli/trace.h"
+#include "pagoda/bench/trace.h"
 
 #include <algorithm>
 #include <cmath>
@@ -9,7 +9,7 @@
 
 #include <nlohmann/json.hpp>
 
-#include "pagoda/cli/counter_random.h"
+#include "pagoda/bench/counter_random.h"
 #include "pagoda/core/error.h"
 
 namespace pagoda::cli {

@@ -1,4 +1,4 @@
-#include "pagoda/cli/model_presets.h"
+#include "pagoda/bench/model_presets.h"
 
 #include <string>
 

@@ -13,13 +13,13 @@
 #include <string>
 #include <vector>
 
-#include "pagoda/attention/cpu_executor.h"
+#include "pagoda/backend/cpu/decode_attention.h"
 #include "pagoda/attention/plan.h"
 #include "pagoda/attention/prefix_plan.h"
-#include "pagoda/attention/tree_batch.h"
+#include "pagoda/bench/tree_batch.h"
 #include "pagoda/core/error.h"
-#include "prefix_batches.h"
-#include "reference.h"
+#include "../attention/prefix_batches.h"
+#include "../attention/reference.h"
 
 namespace pagoda::attention {
 namespace {

@@ -7,7 +7,7 @@
 #include <string>
 #include <vector>
 
-#include "pagoda/cli/trace.h"
+#include "pagoda/bench/trace.h"
 #include "pagoda/core/error.h"
 
 namespace pagoda::cli {

@@ -1,4 +1,4 @@
-#include "pagoda/cli/head_spec.h"
+#include "pagoda/bench/head_spec.h"
 
 #include <charconv>
 #include <string_view>

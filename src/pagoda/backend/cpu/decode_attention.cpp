@@ -1,9 +1,9 @@
-#include "pagoda/attention/cpu_executor.h"
+#include "pagoda/backend/cpu/decode_attention.h"
 
 #include <span>
 #include <vector>
 
-#include "pagoda/attention/cpu_group_attention.h"
+#include "pagoda/backend/cpu/group_attention.h"
 #include "pagoda/attention/merge.h"
 
 namespace pagoda::attention {

@@ -1,8 +1,8 @@
-#include "pagoda/attention/prefill_cpu.h"
+#include "pagoda/backend/cpu/prefill_attention.h"
 
 #include <vector>
 
-#include "pagoda/attention/cpu_group_attention.h"
+#include "pagoda/backend/cpu/group_attention.h"
 
 namespace pagoda::attention {
 

@@ -1,7 +1,7 @@
 // Causal prefill attention over the paged pool against the exact reference: first chunks
 // (start_pos 0), later chunks and prefix-cache hits (start_pos > 0), and sequences that share
 // their leading blocks. Tolerance as for decode (decode_test.cpp): 2e-5 on o and lse.
-#include "pagoda/attention/prefill_cpu.h"
+#include "pagoda/backend/cpu/prefill_attention.h"
 
 #include <gtest/gtest.h>
 
@@ -9,10 +9,10 @@
 #include <numeric>
 #include <tuple>
 
-#include "pagoda/attention/cpu_executor.h"
+#include "pagoda/backend/cpu/decode_attention.h"
 #include "pagoda/attention/plan.h"
 #include "pagoda/core/error.h"
-#include "reference.h"
+#include "../attention/reference.h"
 
 namespace pagoda::attention {
 namespace {

@@ -13,10 +13,10 @@
 #include <string>
 #include <tuple>
 
-#include "pagoda/attention/cpu_executor.h"
+#include "pagoda/backend/cpu/decode_attention.h"
 #include "pagoda/attention/plan.h"
 #include "pagoda/core/error.h"
-#include "reference.h"
+#include "../attention/reference.h"
 
 namespace pagoda::attention {
 namespace {

@@ -1,4 +1,4 @@
-#include "pagoda/cli/host_bench_support.h"
+#include "pagoda/bench/host_support.h"
 
 #include <immintrin.h>
 

@@ -3,7 +3,7 @@
 
 #include <algorithm>
 
-#include "pagoda/backend/cuda/bench_support.h"
+#include "pagoda/bench/cuda_support.h"
 #include "pagoda/backend/cuda/check.h"
 #include "pagoda/backend/cuda/kernels/ptx.cuh"
 

@@ -1,4 +1,4 @@
-#include "pagoda/kv/kv_cache.h"
+#include "pagoda/backend/cpu/kv_cache.h"
 
 #include <cstring>
 #include <span>

@@ -1,4 +1,4 @@
-#include "pagoda/cli/model_writer.h"
+#include "pagoda/bench/model_writer.h"
 
 #include <immintrin.h>
 
@@ -16,9 +16,9 @@
 
 #include <nlohmann/json.hpp>
 
-#include "pagoda/cli/bench_report.h"
-#include "pagoda/cli/counter_random.h"
-#include "pagoda/cli/model_presets.h"
+#include "pagoda/bench/bench_report.h"
+#include "pagoda/bench/counter_random.h"
+#include "pagoda/bench/model_presets.h"
 #include "pagoda/core/error.h"
 #include "pagoda/core/fnv1a.h"
 #include "pagoda/core/half.h"

@@ -15,14 +15,14 @@
 
 #include "../model/model_runner.h"
 #include "pagoda/backend/cpu/cpu_backend.h"
-#include "pagoda/cli/model_presets.h"
-#include "pagoda/cli/model_writer.h"
+#include "pagoda/bench/model_presets.h"
+#include "pagoda/bench/model_writer.h"
 #include "pagoda/core/half.h"
 #include "pagoda/format/safetensors.h"
 #include "pagoda/model/checkpoint.h"
 #include "pagoda/model/model.h"
 #include "pagoda/tokenizer/tokenizer.h"
-#include "pagoda_process.h"
+#include "../cli/pagoda_process.h"
 
 namespace pagoda {
 namespace {

@@ -1,4 +1,4 @@
-#include "pagoda/cli/bench_report.h"
+#include "pagoda/bench/bench_report.h"
 
 #include <cctype>
 #include <cstdio>

@@ -1,4 +1,4 @@
-#include "pagoda/attention/tree_batch.h"
+#include "pagoda/bench/tree_batch.h"
 
 #include <algorithm>
 #include <charconv>
