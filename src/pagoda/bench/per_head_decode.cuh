@@ -1,5 +1,6 @@
-// decode_paper_baseline_kernel: the decode structure the L2-prefetch paper starts from
-// (papers/l2-prefetch-kv-cache.txt, Figure 2 and Algorithm 1; vLLM's xFormers-era paged kernel):
+// per_head_decode_kernel: the decode structure the L2-prefetch paper starts from ("Accelerating
+// LLM Inference Throughput via Asynchronous KV Cache Prefetching", arXiv:2504.06319, Figure 2 and
+// Algorithm 1; vLLM's xFormers-era paged kernel), kept as the benchmarks' baseline:
 // one CTA per (work item, query row), so a GQA group reads its KV once per query head; four
 // warps, warp w taking blocks w, w + 4, ...; KV loaded straight into registers and reduced on
 // CUDA cores. Every load waits on device memory, which is what prefetching hides: while warp w
@@ -17,9 +18,11 @@
 #include "pagoda/backend/cuda/kernels/store_state.cuh"
 #include "pagoda/backend/cuda/kernels/ptx.cuh"
 
-namespace pagoda::cuda {
+namespace pagoda::bench {
 
-struct DecodePaperBaselineConfig {
+namespace ptx = cuda::ptx;
+
+struct PerHeadDecodeConfig {
   static constexpr int kWarps = 4;  // 128 threads, the paper's N_thread (Table 2)
   static constexpr int kThreads = kWarps * 32;
   static constexpr int kDefaultPrefetchDistance = 1;  // Algorithm 1: the warp's next block
@@ -47,9 +50,9 @@ __device__ __forceinline__ KvWords<kBytes> load_kv(const void* src, bool hint, u
 }
 
 template <typename T, int kHeadDim>
-__global__ void __launch_bounds__(DecodePaperBaselineConfig::kThreads)
-    decode_paper_baseline_kernel(const DecodeParams p) {
-  using C = DecodePaperBaselineConfig;
+__global__ void __launch_bounds__(PerHeadDecodeConfig::kThreads)
+    per_head_decode_kernel(const cuda::DecodeParams p) {
+  using C = PerHeadDecodeConfig;
   constexpr int kChunksPerLane = kHeadDim / 16;  // 16-byte K chunks per lane (two lanes a row)
   constexpr int kDimsPerLane = kHeadDim / 32;    // output dims per lane
   __shared__ float q_s[kHeadDim];
@@ -172,9 +175,9 @@ __global__ void __launch_bounds__(DecodePaperBaselineConfig::kThreads)
       for (int w = 0; w < C::kWarps; ++w) o += red_o[w][d] * exp2f(red_max[w] - all_max);
       o /= all_sum;
     }
-    store_state_o<T, kHeadDim>(p, item, r, d, o);
+    cuda::store_state_o<T, kHeadDim>(p, item, r, d, o);
   }
-  if (tid == 0) store_state_lse(p, item, r, all_sum > 0.f ? all_max * float(M_LN2) + logf(all_sum) : -INFINITY);
+  if (tid == 0) cuda::store_state_lse(p, item, r, all_sum > 0.f ? all_max * float(M_LN2) + logf(all_sum) : -INFINITY);
 }
 
-}  // namespace pagoda::cuda
+}  // namespace pagoda::bench
