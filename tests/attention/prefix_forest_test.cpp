@@ -19,6 +19,12 @@
 namespace pagoda::attention {
 namespace {
 
+using bench::expand_benchmark_trees;
+using bench::parse_prefix_tree;
+using bench::tree_num_blocks;
+using bench::make_tree_batch;
+using bench::PrefixTreeSpec;
+
 using testing::Random;
 
 // The key of block position p of a sequence, as the forest compares them: the id and the tokens

@@ -24,6 +24,10 @@
 namespace pagoda::attention {
 namespace {
 
+using bench::parse_prefix_tree;
+using bench::tree_num_blocks;
+using bench::make_tree_batch;
+
 using testing::Random;
 
 AttentionShape shape_of(int32_t group, int32_t num_kv_heads, int32_t block_size = 16, int32_t head_dim = 128) {

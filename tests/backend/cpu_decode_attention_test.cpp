@@ -21,6 +21,8 @@
 namespace pagoda::attention {
 namespace {
 
+using cpu::run_decode_cpu;
+
 using testing::HostPool;
 using testing::HostSequence;
 using testing::Random;

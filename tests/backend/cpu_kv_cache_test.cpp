@@ -12,6 +12,8 @@
 namespace pagoda::kv {
 namespace {
 
+using cpu::KvCache;
+
 constexpr int32_t kLayers = 2, kBlocks = 6, kBlockSize = 4, kHeads = 3, kHeadDim = 8;
 
 // Element (block, head, slot, d) read back as fp32, with the layout's offset written out here

@@ -17,6 +17,9 @@
 namespace pagoda::attention {
 namespace {
 
+using cpu::prefill_attention_cpu;
+using cpu::run_decode_cpu;
+
 using testing::HostPool;
 using testing::HostSequence;
 using testing::Random;

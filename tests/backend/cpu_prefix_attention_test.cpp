@@ -24,6 +24,14 @@
 namespace pagoda::attention {
 namespace {
 
+using bench::parse_prefix_tree;
+using bench::tree_num_blocks;
+using bench::make_tree_batch;
+using bench::PrefixTreeSpec;
+
+using cpu::run_prefix_cpu;
+using cpu::run_decode_cpu;
+
 using testing::HostPool;
 using testing::HostSequence;
 using testing::Random;

@@ -87,7 +87,7 @@ TEST(MakeModel, PresetsHaveThePublishedShapes) {
   for (const ExpectedShape& e : expected) {
     SCOPED_TRACE(e.name);
     // What pagoda reads back from the config.json make-model writes.
-    const nlohmann::json json = cli::hf_config_json(cli::model_preset(e.name), DType::kF16, cli::kWrittenEosId);
+    const nlohmann::json json = bench::hf_config_json(bench::model_preset(e.name), DType::kF16, bench::kWrittenEosId);
     const ModelConfig c = ModelConfig::from_hf_json(json, e.name);
     EXPECT_EQ(c.architecture, e.model_type);
     EXPECT_EQ(c.hidden_size, e.hidden);
@@ -107,8 +107,8 @@ TEST(MakeModel, PresetsHaveThePublishedShapes) {
     EXPECT_EQ(json["torch_dtype"], "float16");
     EXPECT_EQ(json["tie_word_embeddings"], false);
   }
-  EXPECT_EQ(cli::hf_config_json(cli::model_preset("tiny"), DType::kBF16, 0)["torch_dtype"], "bfloat16");
-  EXPECT_THROW(cli::model_preset("gpt2"), Error);
+  EXPECT_EQ(bench::hf_config_json(bench::model_preset("tiny"), DType::kBF16, 0)["torch_dtype"], "bfloat16");
+  EXPECT_THROW(bench::model_preset("gpt2"), Error);
 }
 
 TEST(MakeModel, TinyCheckpointLoadsAndRuns) {
@@ -124,8 +124,8 @@ TEST(MakeModel, TinyCheckpointLoadsAndRuns) {
   EXPECT_FALSE(fs::exists(dir / "model.safetensors.index.json"));
 
   const Tokenizer tokenizer = Tokenizer::from_json_file((dir / "tokenizer.json").string());
-  EXPECT_EQ(tokenizer.vocab_size(), cli::kWrittenTokenizerSize);
-  EXPECT_EQ(tokenizer.eos_id(), cli::kWrittenEosId);
+  EXPECT_EQ(tokenizer.vocab_size(), bench::kWrittenTokenizerSize);
+  EXPECT_EQ(tokenizer.eos_id(), bench::kWrittenEosId);
   EXPECT_EQ(tokenizer.encode("ab", false), (std::vector<int32_t>{'a', 'b'}));
   EXPECT_EQ(tokenizer.encode("a b", false), (std::vector<int32_t>{'a', 256 + 'b' - 'a'}));  // " b" merged
   expect_runs(dir);
@@ -136,7 +136,7 @@ TEST(MakeModel, TinyCheckpointLoadsAndRuns) {
 TEST(MakeModel, WeightsHaveTheStatedDistribution) {
   const fs::path dir = make_model("distribution", "--arch tiny-qwen2 --seed 11");
   const SafetensorsFile file = SafetensorsFile::open((dir / "model.safetensors").string());
-  const double range = std::sqrt(3.0) * cli::kWeightStd;
+  const double range = std::sqrt(3.0) * bench::kWeightStd;
   int biases = 0;
   for (const SafetensorsTensor& t : file.tensors()) {
     SCOPED_TRACE(t.name);
@@ -156,10 +156,10 @@ TEST(MakeModel, WeightsHaveTheStatedDistribution) {
       sum_sq += v * v;
     }
     const double mean = sum / double(n), std = std::sqrt(sum_sq / double(n) - mean * mean);
-    EXPECT_NEAR(mean, 0, 6 * cli::kWeightStd / std::sqrt(double(n)));
+    EXPECT_NEAR(mean, 0, 6 * bench::kWeightStd / std::sqrt(double(n)));
     // The variance of a uniform's sample variance is 0.8 sigma^4 / n: std's standard error is
     // about 0.45 sigma / sqrt(n).
-    EXPECT_NEAR(std, cli::kWeightStd, 6 * 0.45 * cli::kWeightStd / std::sqrt(double(n)));
+    EXPECT_NEAR(std, bench::kWeightStd, 6 * 0.45 * bench::kWeightStd / std::sqrt(double(n)));
   }
   EXPECT_EQ(biases, 2 * 3);  // q, k, v in each of 2 layers
   const SafetensorsTensor* bias = file.find("model.layers.1.self_attn.k_proj.bias");
@@ -200,10 +200,10 @@ TEST(MakeModel, LayersAndDtypeAreHonoured) {
 
 TEST(MakeModel, ShardedCheckpointHoldsTheSameTensors) {
   const fs::path root = fresh_temp_dir("sharded");
-  const ModelConfig config = cli::model_preset("tiny");
-  cli::write_random_checkpoint(config, (root / "single").string(), {.seed = 4});
+  const ModelConfig config = bench::model_preset("tiny");
+  bench::write_random_checkpoint(config, (root / "single").string(), {.seed = 4});
   // 60 kB shards: the 40 kB embedding and head tables each end up in a shard of their own.
-  const uint64_t bytes = cli::write_random_checkpoint(config, (root / "sharded").string(),
+  const uint64_t bytes = bench::write_random_checkpoint(config, (root / "sharded").string(),
                                                       {.seed = 4, .max_shard_bytes = 60'000});
   ASSERT_TRUE(fs::exists(root / "sharded" / "model.safetensors.index.json"));
   EXPECT_FALSE(fs::exists(root / "sharded" / "model.safetensors"));

@@ -10,7 +10,7 @@
 #include "pagoda/bench/trace.h"
 #include "pagoda/core/error.h"
 
-namespace pagoda::cli {
+namespace pagoda::bench {
 namespace {
 
 const std::string kTrace =
@@ -178,4 +178,4 @@ TEST(Trace, BadScalingIsRefused) {
 }
 
 }  // namespace
-}  // namespace pagoda::cli
+}  // namespace pagoda::bench

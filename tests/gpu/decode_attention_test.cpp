@@ -1,5 +1,5 @@
 // Decode attention on the GPU (backend/cuda/decode_attention.h) against the CPU executor
-// (attention::run_decode_cpu) running the same plan over the same inputs; two tests also check
+// (cpu::run_decode_cpu) running the same plan over the same inputs; two tests also check
 // both against the exact double-precision attention of tests/attention/reference.h, so that the
 // reference itself is checked. GPU tests skip without a GPU (CI); they run on the device machine
 // via `make gpu-test`.
@@ -89,7 +89,7 @@ PlanOptions forced_split(int32_t tokens) { return {.max_kv_tokens_per_item = tok
 
 Outputs run_cpu(Inputs& in, const DecodePlan& plan) {
   Outputs r{std::vector<float>(in.q.size(), std::nanf("")), std::vector<float>(in.rows(), std::nanf(""))};
-  attention::run_decode_cpu(plan, in.batch, in.shape, in.pool.view(), in.q_f32.data(),
+  cpu::run_decode_cpu(plan, in.batch, in.shape, in.pool.view(), in.q_f32.data(),
                             r.out.data(), r.lse.data());
   return r;
 }

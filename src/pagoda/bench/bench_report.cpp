@@ -7,7 +7,7 @@
 
 #include "pagoda/core/error.h"
 
-namespace pagoda::cli {
+namespace pagoda::bench {
 
 std::string git_commit() {
   std::string commit;
@@ -44,4 +44,4 @@ void write_json_file(const std::string& path, const nlohmann::json& j) {
   if (!out) fail(ErrorKind::kInternal, "cannot write {}", path);
 }
 
-}  // namespace pagoda::cli
+}  // namespace pagoda::bench

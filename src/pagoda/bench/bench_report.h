@@ -7,7 +7,7 @@
 
 #include <nlohmann/json.hpp>
 
-namespace pagoda::cli {
+namespace pagoda::bench {
 
 // The checkout's commit when run from one ("unknown" otherwise): results name the code they measured.
 std::string git_commit();
@@ -20,4 +20,4 @@ std::string device_slug(std::string_view name);
 // when the file cannot be written.
 void write_json_file(const std::string& path, const nlohmann::json& j);
 
-}  // namespace pagoda::cli
+}  // namespace pagoda::bench

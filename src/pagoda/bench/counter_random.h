@@ -9,7 +9,7 @@
 #include <cstdint>
 #include <vector>
 
-namespace pagoda::cli {
+namespace pagoda::bench {
 
 // splitmix64's output function: a bijection of 64 bits with good avalanche.
 constexpr uint64_t mix64(uint64_t x) {
@@ -32,4 +32,4 @@ inline std::vector<int32_t> synthetic_tokens(uint64_t stream, int64_t count, int
 // same): seeds and requests never collide below 2^32 requests.
 constexpr uint64_t offline_request_stream(uint64_t seed, uint64_t request) { return (seed << 32) + request; }
 
-}  // namespace pagoda::cli
+}  // namespace pagoda::bench

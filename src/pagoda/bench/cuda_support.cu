@@ -7,7 +7,7 @@
 #include "pagoda/backend/cuda/check.h"
 #include "pagoda/backend/cuda/kernels/ptx.cuh"
 
-namespace pagoda::cuda {
+namespace pagoda::bench {
 namespace {
 
 constexpr int kStreamThreads = 512;
@@ -299,4 +299,4 @@ std::vector<double> EventTimings::elapsed_us() {
   return us;
 }
 
-}  // namespace pagoda::cuda
+}  // namespace pagoda::bench

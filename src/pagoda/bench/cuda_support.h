@@ -13,7 +13,7 @@
 #include "pagoda/backend/cuda/device_array.h"
 #include "pagoda/core/dtype.h"
 
-namespace pagoda::cuda {
+namespace pagoda::bench {
 
 // The current device as a benchmark result names it.
 struct DeviceSummary {
@@ -83,4 +83,4 @@ class EventTimings {
   std::vector<cudaEvent_t> stops_;
 };
 
-}  // namespace pagoda::cuda
+}  // namespace pagoda::bench

@@ -5,7 +5,7 @@
 
 #include "pagoda/core/error.h"
 
-namespace pagoda::cli {
+namespace pagoda::bench {
 namespace {
 
 int32_t parse_positive(std::string_view text, std::string_view spec) {
@@ -30,4 +30,4 @@ HeadSpec parse_heads(const std::string& spec) {
   return heads;
 }
 
-}  // namespace pagoda::cli
+}  // namespace pagoda::bench

@@ -4,7 +4,7 @@
 #include <cstdint>
 #include <string>
 
-namespace pagoda::cli {
+namespace pagoda::bench {
 
 struct HeadSpec {
   int32_t q_heads;
@@ -14,4 +14,4 @@ struct HeadSpec {
 // Throws Error(kInvalidArgument) for anything but two positive numbers whose second divides the first.
 HeadSpec parse_heads(const std::string& spec);
 
-}  // namespace pagoda::cli
+}  // namespace pagoda::bench

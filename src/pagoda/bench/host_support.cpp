@@ -11,7 +11,7 @@
 
 #include "pagoda/core/error.h"
 
-namespace pagoda::cli {
+namespace pagoda::bench {
 
 // Four independent AVX2 xor accumulators per thread, so the loop is bound by loads, not by an
 // add's latency (a plain floating-point sum reduction is).
@@ -55,4 +55,4 @@ std::string cpu_name() {
   return "unknown CPU";
 }
 
-}  // namespace pagoda::cli
+}  // namespace pagoda::bench

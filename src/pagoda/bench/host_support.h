@@ -6,7 +6,7 @@
 #include <chrono>
 #include <string>
 
-namespace pagoda::cli {
+namespace pagoda::bench {
 
 using Clock = std::chrono::steady_clock;
 inline double seconds_since(Clock::time_point start) {
@@ -20,4 +20,4 @@ double measure_host_read_bandwidth();
 // /proc/cpuinfo's model name, e.g. "AMD EPYC 9654 96-Core Processor" ("unknown CPU" elsewhere).
 std::string cpu_name();
 
-}  // namespace pagoda::cli
+}  // namespace pagoda::bench

@@ -4,7 +4,7 @@
 
 #include "pagoda/core/error.h"
 
-namespace pagoda::cli {
+namespace pagoda::bench {
 namespace {
 
 struct Preset {
@@ -113,4 +113,4 @@ nlohmann::json hf_config_json(const ModelConfig& c, DType dtype, int32_t eos_tok
   return j;
 }
 
-}  // namespace pagoda::cli
+}  // namespace pagoda::bench

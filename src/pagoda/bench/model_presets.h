@@ -12,7 +12,7 @@
 #include "pagoda/core/dtype.h"
 #include "pagoda/model/config.h"
 
-namespace pagoda::cli {
+namespace pagoda::bench {
 
 // "llama2-7b", "llama3-8b", "qwen2.5-7b", "qwen2.5-14b", "tiny", "tiny-qwen2".
 const std::vector<std::string>& model_preset_names();
@@ -24,4 +24,4 @@ ModelConfig model_preset(std::string_view name);
 // Qwen2ForCausalLM) and ModelConfig::from_hf_json both read back to the same shape.
 nlohmann::json hf_config_json(const ModelConfig& config, DType dtype, int32_t eos_token_id);
 
-}  // namespace pagoda::cli
+}  // namespace pagoda::bench

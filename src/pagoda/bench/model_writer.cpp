@@ -25,7 +25,7 @@
 #include "pagoda/core/progress.h"
 #include "pagoda/tokenizer/byte_unicode.h"
 
-namespace pagoda::cli {
+namespace pagoda::bench {
 namespace {
 
 namespace fs = std::filesystem;
@@ -276,4 +276,4 @@ uint64_t write_random_checkpoint(const ModelConfig& config, const std::string& d
   return total_bytes;
 }
 
-}  // namespace pagoda::cli
+}  // namespace pagoda::bench

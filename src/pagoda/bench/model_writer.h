@@ -9,7 +9,7 @@
 #include "pagoda/core/dtype.h"
 #include "pagoda/model/config.h"
 
-namespace pagoda::cli {
+namespace pagoda::bench {
 
 // The tokenizer written beside the weights: the 256 byte tokens (ids 0..255), 26 merges of a space
 // with a lowercase letter (ids 256..281: pagoda refuses a byte-level BPE without merges), and an
@@ -38,4 +38,4 @@ struct RandomCheckpointOptions {
 uint64_t write_random_checkpoint(const ModelConfig& config, const std::string& dir,
                              const RandomCheckpointOptions& options);
 
-}  // namespace pagoda::cli
+}  // namespace pagoda::bench

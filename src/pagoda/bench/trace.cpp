@@ -12,7 +12,7 @@
 #include "pagoda/bench/counter_random.h"
 #include "pagoda/core/error.h"
 
-namespace pagoda::cli {
+namespace pagoda::bench {
 namespace {
 
 using nlohmann::json;
@@ -133,4 +133,4 @@ Replay build_replay(const std::vector<TraceEntry>& trace, const TraceScaling& s,
   return replay;
 }
 
-}  // namespace pagoda::cli
+}  // namespace pagoda::bench

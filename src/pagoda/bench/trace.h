@@ -10,7 +10,7 @@
 #include <string_view>
 #include <vector>
 
-namespace pagoda::cli {
+namespace pagoda::bench {
 
 // Tokens a trace's hash id stands for.
 inline constexpr int32_t kTraceBlockTokens = 512;
@@ -65,4 +65,4 @@ std::vector<int32_t> trace_block_tokens(int64_t hash_id, int32_t block_tokens, i
 // Throws Error(kInvalidArgument) for a scaling out of range.
 Replay build_replay(const std::vector<TraceEntry>& trace, const TraceScaling& scaling, int32_t vocab, uint64_t seed);
 
-}  // namespace pagoda::cli
+}  // namespace pagoda::bench

@@ -7,7 +7,7 @@
 
 #include "pagoda/core/error.h"
 
-namespace pagoda::attention {
+namespace pagoda::bench {
 namespace {
 
 // A tree's tokens, a query's and all tables' together: within int32 block ids and lengths with
@@ -83,7 +83,7 @@ int64_t tree_num_blocks(const PrefixTreeSpec& spec, int32_t block_size) {
   return blocks;
 }
 
-DecodeBatch make_tree_batch(const PrefixTreeSpec& spec, int32_t block_size, uint64_t seed) {
+attention::DecodeBatch make_tree_batch(const PrefixTreeSpec& spec, int32_t block_size, uint64_t seed) {
   if (block_size <= 0) fail(ErrorKind::kInvalidArgument, "prefix tree: block size {}", block_size);
   const size_t levels = spec.counts.size();
   for (size_t level = 0; level + 1 < levels; ++level) {
@@ -104,7 +104,7 @@ DecodeBatch make_tree_batch(const PrefixTreeSpec& spec, int32_t block_size, uint
     const int64_t blocks = (spec.lengths[level] + block_size - 1) / block_size;
     for (int32_t i = 0; i < spec.counts[level]; ++i, next += blocks) first_block[level].push_back(next);
   }
-  DecodeBatch batch;
+  attention::DecodeBatch batch;
   std::vector<int32_t> table;
   for (int32_t query = 0; query < spec.num_queries(); ++query) {
     table.clear();
@@ -121,4 +121,4 @@ DecodeBatch make_tree_batch(const PrefixTreeSpec& spec, int32_t block_size, uint
   return batch;
 }
 
-}  // namespace pagoda::attention
+}  // namespace pagoda::bench

@@ -14,7 +14,7 @@
 
 #include "pagoda/attention/decode_batch.h"
 
-namespace pagoda::attention {
+namespace pagoda::bench {
 
 struct PrefixTreeSpec {
   std::vector<int32_t> counts;   // nodes per level, root level first
@@ -72,6 +72,6 @@ int64_t tree_num_blocks(const PrefixTreeSpec& spec, int32_t block_size);
 // own. Block ids are 0 .. tree_num_blocks - 1, shuffled by `seed` (0: in order) so that a node's
 // pages are scattered over the pool as in a real paged cache. Throws Error(kInvalidArgument) when
 // an inner node's length is not a multiple of block_size.
-DecodeBatch make_tree_batch(const PrefixTreeSpec& spec, int32_t block_size, uint64_t seed = 0);
+attention::DecodeBatch make_tree_batch(const PrefixTreeSpec& spec, int32_t block_size, uint64_t seed = 0);
 
-}  // namespace pagoda::attention
+}  // namespace pagoda::bench

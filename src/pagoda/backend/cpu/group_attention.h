@@ -16,7 +16,7 @@
 #include "pagoda/core/half.h"
 #include "pagoda/core/paged_kv.h"
 
-namespace pagoda::attention {
+namespace pagoda::cpu {
 
 template <typename T>
 inline float kv_to_f32(T x) {
@@ -80,7 +80,7 @@ void attend_group(const PagedKv& kv, int32_t kv_head, std::span<const int32_t> b
   const int32_t block_size = kv.block_size;
   for (int64_t i = 0; i < int64_t(rows) * head_dim; ++i) scratch.q[size_t(i)] = q[i] * softmax_scale;
   std::fill(scratch.acc.begin(), scratch.acc.end(), 0.f);
-  std::fill(scratch.max.begin(), scratch.max.end(), kEmptyLse);
+  std::fill(scratch.max.begin(), scratch.max.end(), attention::kEmptyLse);
   std::fill(scratch.sum.begin(), scratch.sum.end(), 0.f);
   const T* k_head = static_cast<const T*>(kv.k) + kv_head * kv.head_stride;
   const T* v_head = static_cast<const T*>(kv.v) + kv_head * kv.head_stride;
@@ -131,7 +131,7 @@ void attend_group(const PagedKv& kv, int32_t kv_head, std::span<const int32_t> b
     const float* acc = &scratch.acc[size_t(r) * size_t(head_dim)];
     if (sum == 0.f) {  // empty range
       std::fill(out, out + head_dim, 0.f);
-      lse[r] = kEmptyLse;
+      lse[r] = attention::kEmptyLse;
       continue;
     }
     for (int32_t d = 0; d < head_dim; ++d) out[d] = acc[d] / sum;
@@ -160,4 +160,4 @@ inline void check_block_ids(std::span<const int32_t> ids, int32_t num_blocks) {
   }
 }
 
-}  // namespace pagoda::attention
+}  // namespace pagoda::cpu

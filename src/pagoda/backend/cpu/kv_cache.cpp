@@ -7,7 +7,7 @@
 #include "pagoda/core/error.h"
 #include "pagoda/core/half.h"
 
-namespace pagoda::kv {
+namespace pagoda::cpu {
 namespace {
 
 template <typename T>
@@ -23,7 +23,7 @@ T from_f32(float x) {
 
 // Writes rows [n, num_kv_heads, head_dim] of `src` into pool `dst` at positions start_pos...
 template <typename T>
-void scatter_rows(const PagedKv& kv, T* dst, std::span<const BlockId> block_ids, int32_t start_pos,
+void scatter_rows(const PagedKv& kv, T* dst, std::span<const kv::BlockId> block_ids, int32_t start_pos,
                   int32_t n, const float* src) {
   for (int32_t i = 0; i < n; ++i) {
     const int32_t pos = start_pos + i;
@@ -48,7 +48,7 @@ void check_rows(const Tensor& t, const char* name, int32_t num_kv_heads, int32_t
 
 }  // namespace
 
-KvCache::KvCache(const KvCacheConfig& config) : config_(config) {
+KvCache::KvCache(const kv::KvCacheConfig& config) : config_(config) {
   const bool dtype_ok = config.dtype == DType::kF32 || config.dtype == DType::kF16 ||
                         config.dtype == DType::kBF16;
   if (config.num_layers <= 0 || config.num_blocks <= 0 || config.block_size <= 0 ||
@@ -75,7 +75,7 @@ PagedKv KvCache::layer(int32_t layer) const {
                        config_.block_size, config_.num_kv_heads, config_.head_dim);
 }
 
-void KvCache::write(int32_t layer, const BlockTable& table, int32_t start_pos, const Tensor& k,
+void KvCache::write(int32_t layer, const kv::BlockTable& table, int32_t start_pos, const Tensor& k,
                     const Tensor& v) {
   if (start_pos < 0 || int64_t(start_pos) + k.shape[0] > table.length) {
     fail(ErrorKind::kInvalidArgument, "KV write of tokens [{}, {}) outside the sequence's {} tokens",
@@ -84,7 +84,7 @@ void KvCache::write(int32_t layer, const BlockTable& table, int32_t start_pos, c
   write(layer, table.block_ids, start_pos, k, v);
 }
 
-void KvCache::write(int32_t layer, std::span<const BlockId> block_ids, int32_t start_pos,
+void KvCache::write(int32_t layer, std::span<const kv::BlockId> block_ids, int32_t start_pos,
                     const Tensor& k, const Tensor& v) {
   const PagedKv kv = this->layer(layer);
   check_rows(k, "k", kv.num_kv_heads, kv.head_dim);
@@ -100,7 +100,7 @@ void KvCache::write(int32_t layer, std::span<const BlockId> block_ids, int32_t s
   const int32_t first_block = start_pos / kv.block_size;
   const int32_t end_block = n == 0 ? first_block : (start_pos + n - 1) / kv.block_size + 1;
   for (int32_t b = first_block; b < end_block; ++b) {
-    const BlockId id = block_ids[size_t(b)];
+    const kv::BlockId id = block_ids[size_t(b)];
     if (id < 0 || id >= kv.num_blocks) {
       fail(ErrorKind::kInvalidArgument, "block id {} outside the pool's {} blocks", id, kv.num_blocks);
     }
@@ -116,7 +116,7 @@ void KvCache::write(int32_t layer, std::span<const BlockId> block_ids, int32_t s
   }
 }
 
-void KvCache::copy_block(BlockId src, BlockId dst) {
+void KvCache::copy_block(kv::BlockId src, kv::BlockId dst) {
   if (src < 0 || src >= config_.num_blocks || dst < 0 || dst >= config_.num_blocks) {
     fail(ErrorKind::kInvalidArgument, "block copy {} -> {} outside the pool's {} blocks", src, dst,
          config_.num_blocks);
@@ -129,4 +129,4 @@ void KvCache::copy_block(BlockId src, BlockId dst) {
   }
 }
 
-}  // namespace pagoda::kv
+}  // namespace pagoda::cpu

@@ -4,9 +4,9 @@
 
 #include "pagoda/backend/cpu/group_attention.h"
 
-namespace pagoda::attention {
+namespace pagoda::cpu {
 
-void prefill_attention_cpu(const AttentionShape& shape, const PagedKv& kv,
+void prefill_attention_cpu(const attention::AttentionShape& shape, const PagedKv& kv,
                            std::span<const int32_t> block_ids, int32_t start_pos, int32_t num_new,
                            const float* q, float* out, float* lse) {
   if (shape.num_kv_heads <= 0 || shape.num_q_heads % shape.num_kv_heads != 0 ||
@@ -43,4 +43,4 @@ void prefill_attention_cpu(const AttentionShape& shape, const PagedKv& kv,
   });
 }
 
-}  // namespace pagoda::attention
+}  // namespace pagoda::cpu

@@ -10,7 +10,7 @@
 #include "pagoda/attention/decode_batch.h"
 #include "pagoda/core/paged_kv.h"
 
-namespace pagoda::attention {
+namespace pagoda::cpu {
 
 // New token i (position start_pos + i) attends to pool tokens [0, start_pos + i].
 //   block_ids: the sequence's blocks, covering at least start_pos + num_new tokens
@@ -19,8 +19,8 @@ namespace pagoda::attention {
 //   lse: [num_new, num_q_heads] fp32, natural log; may be null
 // Parallel (OpenMP) over (token, kv head) pairs, each serving its GQA group of q heads.
 // Throws Error(kInvalidArgument) for a shape, pool or block list that does not fit.
-void prefill_attention_cpu(const AttentionShape& shape, const PagedKv& kv,
+void prefill_attention_cpu(const attention::AttentionShape& shape, const PagedKv& kv,
                            std::span<const int32_t> block_ids, int32_t start_pos, int32_t num_new,
                            const float* q, float* out, float* lse = nullptr);
 
-}  // namespace pagoda::attention
+}  // namespace pagoda::cpu

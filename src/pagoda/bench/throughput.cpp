@@ -30,34 +30,21 @@
 #include <nlohmann/json.hpp>
 
 #include "pagoda/bench/bench_report.h"
-#include "pagoda/cli/commands.h"
 #include "pagoda/bench/counter_random.h"
 #include "pagoda/bench/host_support.h"
-#include "pagoda/cli/session.h"
+#include "pagoda/bench/throughput.h"
 #include "pagoda/bench/trace.h"
 #include "pagoda/core/error.h"
+#include "pagoda/engine/session.h"
 
 #if PAGODA_HAVE_CUDA
 #include "pagoda/bench/cuda_support.h"
 #endif
 
-namespace pagoda::cli {
+namespace pagoda::bench {
 namespace {
 
 using nlohmann::json;
-
-struct ThroughputFlags {
-  ModelFlags model;
-  int batch = 0;  // offline workload
-  int input = 0;
-  int output = 0;
-  int shared_prefix = 0;
-  std::string trace;  // replay workload
-  TraceScaling scaling;
-  uint64_t seed = 0;
-  bool no_prefix_cache = false;
-  std::string json_path;
-};
 
 // What happened to one request, in seconds from the start of the run.
 struct RequestTiming {
@@ -236,7 +223,7 @@ Roofline roofline(const std::vector<DecodeStep>& steps, double step_weight_bytes
   return r;
 }
 
-std::string command_line(const ThroughputFlags& f, const EngineOptions& options, bool offline) {
+std::string command_line(const ThroughputBenchOptions& f, const EngineOptions& options, bool offline) {
   std::string c = "pagoda bench throughput";
   if (!f.model.path.empty()) c += " -m " + f.model.path;
   c += " --backend " + f.model.backend + " --weight-dtype " + f.model.weight_dtype;
@@ -261,7 +248,7 @@ std::string command_line(const ThroughputFlags& f, const EngineOptions& options,
 // The device the model runs on, as result files name it.
 std::string device_name(const Backend& backend) {
 #if PAGODA_HAVE_CUDA
-  if (backend.device() == Device::kCuda) return cuda::describe_current_device().name;
+  if (backend.device() == Device::kCuda) return describe_current_device().name;
 #endif
   (void)backend;
   return cpu_name();
@@ -272,13 +259,13 @@ std::string device_name(const Backend& backend) {
 std::pair<double, std::string> measure_read_bandwidth(const Backend& backend) {
 #if PAGODA_HAVE_CUDA
   if (backend.device() == Device::kCuda)
-    return {cuda::measure_stream_read_bandwidth(), "cuda::measure_stream_read_bandwidth (as bench attention)"};
+    return {measure_stream_read_bandwidth(), "measure_stream_read_bandwidth (as bench attention)"};
 #endif
   (void)backend;
   return {measure_host_read_bandwidth(), "measure_host_read_bandwidth (as bench generate)"};
 }
 
-void check_flags(const ThroughputFlags& f, bool offline) {
+void check_flags(const ThroughputBenchOptions& f, bool offline) {
   const bool replay = !f.trace.empty();
   if (offline == replay)
     fail(ErrorKind::kInvalidArgument, "bench throughput needs either --batch/--input/--output (offline) or --trace FILE");
@@ -288,8 +275,10 @@ void check_flags(const ThroughputFlags& f, bool offline) {
     fail(ErrorKind::kInvalidArgument, "--shared-prefix is for offline runs, in [0, --input], not {}", f.shared_prefix);
 }
 
-void run_throughput(const ThroughputFlags& f, const CLI::App& cmd) {
-  const bool offline = cmd.count("--batch") + cmd.count("--input") + cmd.count("--output") > 0;
+}  // namespace
+
+void run_throughput_bench(const ThroughputBenchOptions& f) {
+  const bool offline = f.offline;
   check_flags(f, offline);
   std::vector<TraceEntry> trace;
   if (!offline) trace = read_trace_file(f.trace);  // a bad trace fails before the model loads
@@ -309,8 +298,8 @@ void run_throughput(const ThroughputFlags& f, const CLI::App& cmd) {
     workload = offline_workload(f.batch, f.input, f.shared_prefix, f.output, vocab, f.seed);
     // Unless told otherwise, every request runs at once and the KV cache holds them all: the
     // workload then measures the decode batch it names, not the scheduler's limits.
-    if (cmd.count("--max-batch") == 0) options.max_batch = f.batch;
-    if (cmd.count("--kv-memory-mb") == 0) {
+    if (!f.max_batch_given) options.max_batch = f.batch;
+    if (!f.kv_memory_given) {
       const int32_t per_request = (f.input + f.output + options.block_size - 1) / options.block_size;
       options.num_kv_blocks = f.batch * (per_request + 1);
     }
@@ -505,31 +494,4 @@ void run_throughput(const ThroughputFlags& f, const CLI::App& cmd) {
   }
 }
 
-}  // namespace
-
-void register_bench_throughput(CLI::App& bench) {
-  auto flags = std::make_shared<ThroughputFlags>();
-  CLI::App* cmd = bench.add_subcommand(
-      "throughput", "the engine on an offline batch or a replayed trace: tokens/s, TTFT, TPOT, prefix hits, roofline");
-  add_model_flags(*cmd, flags->model);
-  cmd->add_option("--batch", flags->batch, "offline: requests, all submitted at t = 0 (default --max-batch: this)");
-  cmd->add_option("--input", flags->input, "offline: synthetic prompt tokens per request");
-  cmd->add_option("--output", flags->output, "offline: tokens generated per request (past end-of-sequence)");
-  cmd->add_option("--shared-prefix", flags->shared_prefix,
-                  "offline: the first N prompt tokens are the same in every request (default 0)");
-  cmd->add_option("--trace", flags->trace, "replay this Mooncake-format trace (JSON lines)");
-  cmd->add_option("--time-scale", flags->scaling.time_scale, "replay: multiply arrival times (default 1; 0: all at once)");
-  cmd->add_option("--length-scale", flags->scaling.length_scale,
-                  "replay: multiply input and output lengths and the 512-token block (default 1)");
-  cmd->add_option("--output-scale", flags->scaling.output_scale,
-                  "replay: multiply output lengths by this instead of --length-scale (default: as --length-scale)");
-  cmd->add_option("--max-requests", flags->scaling.max_requests, "replay: only the first N requests (default all)");
-  cmd->add_option("--max-input", flags->scaling.max_input, "replay: cap on scaled input tokens (default none)");
-  cmd->add_option("--max-output", flags->scaling.max_output, "replay: cap on scaled output tokens (default none)");
-  cmd->add_option("--seed", flags->seed, "seed of the synthetic token ids (default 0)");
-  cmd->add_flag("--no-prefix-cache", flags->no_prefix_cache, "do not reuse the KV of cached prompt prefixes");
-  cmd->add_option("--json", flags->json_path, "write the results as JSON to this file");
-  cmd->callback([flags, cmd] { run_throughput(*flags, *cmd); });
-}
-
-}  // namespace pagoda::cli
+}  // namespace pagoda::bench

@@ -19,7 +19,7 @@
 #include <nlohmann/json.hpp>
 
 #include "pagoda/attention/plan.h"
-#include "pagoda/cli/commands.h"
+#include "pagoda/bench/attention.h"
 #include "pagoda/core/error.h"
 
 #if PAGODA_HAVE_CUDA
@@ -42,28 +42,8 @@
 #include "pagoda/core/paged_kv.h"
 #endif
 
-namespace pagoda::cli {
+namespace pagoda::bench {
 namespace {
-
-struct AttentionBenchFlags {
-  std::vector<int> batches{1, 8, 32, 64, 128, 256};
-  // 4096 is there because the decode-attention targets are set at 4K (docs/experiments/decode-attention.md).
-  std::vector<int> contexts{512, 2048, 4096, 8192, 32768};
-  std::vector<std::string> heads{"32/32", "32/8", "28/4", "40/8"};  // q heads / kv heads
-  int head_dim = 128;
-  int block_size = 16;
-  std::string dtype = "fp16";
-  std::string layout = "hnd";
-  int runs = 20;
-  int warmup = 3;
-  std::vector<std::string> variants{"tiled", "tiled_prefetch", "baseline", "baseline_prefetch"};
-  int prefetch_distance = 0;
-  int min_split_tokens = attention::PlanOptions{}.min_kv_tokens_per_item;
-  std::string out;     // empty: bench/results/<device slug>/attention.json
-  std::string filter;  // run only configs whose name contains this
-  double max_kv_gb = 0;  // 0: 70% of free device memory
-  bool baseline_all = false;
-};
 
 #if PAGODA_HAVE_CUDA
 
@@ -76,7 +56,7 @@ constexpr uint64_t kSeed = 20240531;
 enum class DecodeKernel : uint8_t { kGroupTiled, kPerHead };
 
 cuda::DecodeLauncher launcher(DecodeKernel kernel) {
-  return kernel == DecodeKernel::kGroupTiled ? cuda::launch_decode_tiled : bench::launch_per_head_decode;
+  return kernel == DecodeKernel::kGroupTiled ? cuda::launch_decode_tiled : launch_per_head_decode;
 }
 
 struct Variant {
@@ -158,7 +138,7 @@ void check_positive_list(const std::vector<int>& values, const char* flag) {
     if (v < 1) fail(ErrorKind::kInvalidArgument, "{}: {} is not a positive number", flag, v);
 }
 
-attention::AttentionShape shape_of(const AttentionBenchFlags& flags, HeadSpec heads) {
+attention::AttentionShape shape_of(const AttentionBenchOptions& flags, HeadSpec heads) {
   return {.num_q_heads = heads.q_heads,
           .num_kv_heads = heads.kv_heads,
           .head_dim = flags.head_dim,
@@ -167,7 +147,7 @@ attention::AttentionShape shape_of(const AttentionBenchFlags& flags, HeadSpec he
 }
 
 // A config's view of the sweep's pool: K at k, V at v.
-PagedKv pool_view(const AttentionBenchFlags& flags, DType dtype, KvLayout layout, HeadSpec heads,
+PagedKv pool_view(const AttentionBenchOptions& flags, DType dtype, KvLayout layout, HeadSpec heads,
                   int32_t num_blocks, void* k, void* v) {
   return make_paged_kv(k, v, dtype, layout, num_blocks, flags.block_size, heads.kv_heads, flags.head_dim,
                        Device::kCuda);
@@ -176,7 +156,7 @@ PagedKv pool_view(const AttentionBenchFlags& flags, DType dtype, KvLayout layout
 int32_t blocks_per_sequence(int32_t context, int32_t block_size) { return (context + block_size - 1) / block_size; }
 
 // The command that runs `flags` again.
-std::string command_line(const AttentionBenchFlags& flags, bool max_kv_given) {
+std::string command_line(const AttentionBenchOptions& flags, bool max_kv_given) {
   std::string s = fmt::format(
       "pagoda bench attention --batches {} --contexts {} --heads {} --head-dim {} --block-size {} --dtype {} "
       "--layout {} --runs {} --warmup {} --variants {} --prefetch-distance {} --min-split-tokens {}",
@@ -190,7 +170,7 @@ std::string command_line(const AttentionBenchFlags& flags, bool max_kv_given) {
 }
 
 // The command that reruns one config alone.
-std::string reproduce_command(AttentionBenchFlags flags, const Config& c) {
+std::string reproduce_command(AttentionBenchOptions flags, const Config& c) {
   flags.batches = {c.batch};
   flags.contexts = {c.context};
   flags.heads = {fmt::format("{}/{}", c.heads.q_heads, c.heads.kv_heads)};
@@ -221,7 +201,7 @@ std::optional<double> prefetch_speedup(const ConfigResult& r, const std::vector<
 }
 
 nlohmann::json config_json(const ConfigResult& r, const std::vector<Variant>& variants,
-                           const AttentionBenchFlags& flags) {
+                           const AttentionBenchOptions& flags) {
   const Config& c = r.config;
   nlohmann::json j = {
       {"name", c.name},
@@ -305,7 +285,7 @@ void print_table(const std::vector<ConfigResult>& results, const std::vector<Var
               "'with' also adds evict_first hints)\n");
 }
 
-void run_attention_bench(AttentionBenchFlags flags, bool max_kv_given) {
+void run_sweep(AttentionBenchOptions flags, bool max_kv_given) {
   // Flags first, before touching the device.
   check_positive_list(flags.batches, "--batches");
   check_positive_list(flags.contexts, "--contexts");
@@ -356,20 +336,20 @@ void run_attention_bench(AttentionBenchFlags flags, bool max_kv_given) {
       }
   if (configs.empty()) fail(ErrorKind::kInvalidArgument, "--filter '{}' matches no config", flags.filter);
 
-  cuda::DeviceSummary device = cuda::describe_current_device();
+  DeviceSummary device = describe_current_device();
   if (flags.out.empty()) flags.out = "bench/results/" + device_slug(device.name) + "/attention.json";
   std::fprintf(stderr, "bench attention: %s, %d SMs, L2 %.1f MB, %.1f of %.1f GB free\n", device.name.c_str(),
                device.sm_count, device.l2_bytes / 1e6, device.free_bytes / 1e9, device.total_bytes / 1e9);
   std::fprintf(stderr, "bench attention: measuring streaming-read bandwidth...\n");
   // Measured before and after the sweep; the bound is the better of the two, so that no figure
   // is flattered by a probe that ran while the clocks were low.
-  const double bandwidth_before = cuda::measure_stream_read_bandwidth();
+  const double bandwidth_before = measure_stream_read_bandwidth();
   double bandwidth_after = 0;
   double bandwidth = bandwidth_before;
   std::fprintf(stderr, "bench attention: streaming read %.1f GB/s\n", bandwidth / 1e9);
 
-  cuda::L2Flusher flusher;
-  device = cuda::describe_current_device();  // free memory now, with the flush buffer held
+  L2Flusher flusher;
+  device = describe_current_device();  // free memory now, with the flush buffer held
   const double cap_bytes = max_kv_given ? flags.max_kv_gb * 1e9 : 0.7 * double(device.free_bytes);
   if (!max_kv_given) flags.max_kv_gb = cap_bytes / 1e9;
 
@@ -400,7 +380,7 @@ void run_attention_bench(AttentionBenchFlags flags, bool max_kv_given) {
   if (pool_needed > 0) {
     std::fprintf(stderr, "bench attention: filling a %.1f GB KV pool...\n", pool_needed / 1e9);
     pool.resize(size_t(pool_needed));
-    cuda::fill_uniform(pool.data(), size_t(pool_needed / elem), dtype, kSeed);
+    fill_uniform(pool.data(), size_t(pool_needed / elem), dtype, kSeed);
     cuda::check_cuda(cudaDeviceSynchronize(), "fill_uniform");
   }
 
@@ -451,7 +431,7 @@ void run_attention_bench(AttentionBenchFlags flags, bool max_kv_given) {
 
   cuda::DecodeWorkspace workspace;
   cuda::DeviceArray<uint16_t> q, out;
-  cuda::EventTimings timings(flags.runs);
+  EventTimings timings(flags.runs);
   const cudaStream_t stream = nullptr;
   try {
     for (size_t k = 0; k < results.size(); ++k) {
@@ -486,7 +466,7 @@ void run_attention_bench(AttentionBenchFlags flags, bool max_kv_given) {
       const size_t q_elements = size_t(c.batch) * size_t(c.heads.q_heads) * size_t(flags.head_dim);
       q.resize(q_elements);
       out.resize(q_elements);
-      cuda::fill_uniform(q.data(), q_elements, dtype, kSeed ^ (k + 1), stream);
+      fill_uniform(q.data(), q_elements, dtype, kSeed ^ (k + 1), stream);
 
       std::string line = fmt::format("[{}/{}] {}: KV {:.1f} MB, {} items{}", k + 1, results.size(), c.name,
                                      r.kv_bytes / 1e6, r.num_items,
@@ -509,7 +489,7 @@ void run_attention_bench(AttentionBenchFlags flags, bool max_kv_given) {
         // Everything is queued before the first wait; the 200 µs GPU sleep and the flush keep the
         // GPU busy while the host queues the run, so launch overhead stays outside the events.
         for (int run = 0; run < flags.runs; ++run) {
-          cuda::gpu_sleep(200, stream);
+          gpu_sleep(200, stream);
           flusher.flush(stream);
           timings.start(run, stream);
           cuda::decode_attention(workspace, shape, kv, q.data(), out.data(), nullptr, options, stream);
@@ -532,7 +512,7 @@ void run_attention_bench(AttentionBenchFlags flags, bool max_kv_given) {
     throw;
   }
 
-  bandwidth_after = cuda::measure_stream_read_bandwidth();
+  bandwidth_after = measure_stream_read_bandwidth();
   std::fprintf(stderr, "bench attention: streaming read after the sweep %.1f GB/s\n", bandwidth_after / 1e9);
   if (bandwidth_after > bandwidth) {
     bandwidth = bandwidth_after;
@@ -554,51 +534,14 @@ void run_attention_bench(AttentionBenchFlags flags, bool max_kv_given) {
 
 }  // namespace
 
-void register_bench_attention(CLI::App& bench) {
-  auto flags = std::make_shared<AttentionBenchFlags>();
-  CLI::App* cmd = bench.add_subcommand(
-      "attention", "GPU decode attention over batch x context x heads, against the streaming-read bound");
-  cmd->add_option("--batches", flags->batches, "sequences per step, comma-separated")
-      ->delimiter(',')
-      ->capture_default_str();
-  cmd->add_option("--contexts", flags->contexts, "KV tokens per sequence, comma-separated")
-      ->delimiter(',')
-      ->capture_default_str();
-  cmd->add_option("--heads", flags->heads, "head shapes as q_heads/kv_heads, comma-separated")
-      ->delimiter(',')
-      ->capture_default_str();
-  cmd->add_option("--head-dim", flags->head_dim, "head dimension")->capture_default_str();
-  cmd->add_option("--block-size", flags->block_size, "tokens per KV block")->capture_default_str();
-  cmd->add_option("--dtype", flags->dtype, "KV, q and out type: fp16 or bf16")->capture_default_str();
-  cmd->add_option("--layout", flags->layout, "KV pool layout: hnd or nhd")->capture_default_str();
-  cmd->add_option("--runs", flags->runs, "timed runs per variant (the median is reported)")->capture_default_str();
-  cmd->add_option("--warmup", flags->warmup, "untimed runs per variant first")->capture_default_str();
-  cmd->add_option("--variants", flags->variants,
-                  "kernels to time: tiled, tiled_prefetch, baseline, baseline_prefetch (comma-separated)")
-      ->delimiter(',')
-      ->capture_default_str();
-  cmd->add_option("--min-split-tokens", flags->min_split_tokens,
-                  "shortest KV piece the planner's split-KV may cut (PlanOptions::min_kv_tokens_per_item)")
-      ->capture_default_str();
-  cmd->add_option("--prefetch-distance", flags->prefetch_distance,
-                  "L2 prefetch distance: 64-token tiles ahead (tiled) or per-warp blocks ahead (baseline); 0: each "
-                  "kernel's default")
-      ->capture_default_str();
-  cmd->add_option("--out", flags->out, "JSON results (default bench/results/<device>/attention.json)");
-  cmd->add_option("--filter", flags->filter, "run only configs whose name (e.g. b64-c8192-h32/8) contains this");
-  CLI::Option* max_kv = cmd->add_option("--max-kv-gb", flags->max_kv_gb,
-                                        "largest KV pool to allocate, in GB (default 70% of free device memory)");
-  cmd->add_flag("--baseline-all", flags->baseline_all,
-                "run the baseline kernel at every size (default: batch x context <= 64 x 8192)");
-  cmd->callback([flags, max_kv] {
+void run_attention_bench(const AttentionBenchOptions& options) {
 #if PAGODA_HAVE_CUDA
-    run_attention_bench(*flags, max_kv->count() > 0);
+  run_sweep(options, options.max_kv_given);
 #else
-    (void)max_kv;
-    fail(ErrorKind::kUnsupported,
-         "bench attention: this pagoda was built without CUDA (configure with nvcc on the PATH or -DPAGODA_CUDA=ON)");
+  (void)options;
+  fail(ErrorKind::kUnsupported,
+       "bench attention: this pagoda was built without CUDA (configure with nvcc on the PATH or -DPAGODA_CUDA=ON)");
 #endif
-  });
 }
 
-}  // namespace pagoda::cli
+}  // namespace pagoda::bench

@@ -31,8 +31,8 @@
 #include "pagoda/bench/tree_batch.h"
 #include "pagoda/backend/cuda/kernels/prefix_params.h"
 #include "pagoda/bench/bench_report.h"
-#include "pagoda/cli/commands.h"
 #include "pagoda/bench/head_spec.h"
+#include "pagoda/bench/prefix_attention.h"
 #include "pagoda/core/error.h"
 #include "pagoda/core/half.h"
 
@@ -44,22 +44,8 @@
 #include "pagoda/backend/cuda/prefix_attention.h"
 #endif
 
-namespace pagoda::cli {
+namespace pagoda::bench {
 namespace {
-
-struct PrefixBenchFlags {
-  std::vector<std::string> trees{"listed"};  // attention::expand_benchmark_trees's names, or trees
-  std::vector<std::string> heads{"32/32", "16/8", "32/8", "64/8"};
-  int head_dim = 128;
-  int block_size = 16;
-  std::string dtype = "fp16";
-  int runs = 20;
-  int warmup = 3;
-  int workers = 132;  // --plan-only: the device the plan is made for (an H100/H200 has 132 SMs)
-  bool plan_only = false;
-  bool list_trees = false;
-  std::string out;  // empty: bench/results/<device slug>/prefix_attention.json
-};
 
 constexpr uint64_t kSeed = 20261123;
 
@@ -101,7 +87,7 @@ attention::DecodeBatch grown(const attention::DecodeBatch& batch, int32_t block_
 
 // Everything about one (tree, heads) config that needs no GPU.
 struct PlanFigures {
-  attention::PrefixTreeSpec spec;
+  PrefixTreeSpec spec;
   attention::DecodeBatch batch;
   attention::AttentionShape shape;
   attention::PrefixPlan plan;
@@ -113,13 +99,13 @@ struct PlanFigures {
   double schedule_us = -1;  // -1: no CUDA backend built
 };
 
-PlanFigures plan_figures(const std::string& tree, HeadSpec heads, const PrefixBenchFlags& flags,
+PlanFigures plan_figures(const std::string& tree, HeadSpec heads, const PrefixBenchOptions& flags,
                          const attention::PrefixPlanOptions& options, const attention::DeviceInfo& device,
                          int32_t element_bytes) {
   PlanFigures f;
-  f.spec = attention::parse_prefix_tree(tree);
-  f.num_blocks = attention::tree_num_blocks(f.spec, flags.block_size);
-  f.batch = attention::make_tree_batch(f.spec, flags.block_size, kSeed);
+  f.spec = parse_prefix_tree(tree);
+  f.num_blocks = tree_num_blocks(f.spec, flags.block_size);
+  f.batch = make_tree_batch(f.spec, flags.block_size, kSeed);
   f.shape = {.num_q_heads = heads.q_heads,
              .num_kv_heads = heads.kv_heads,
              .head_dim = flags.head_dim,
@@ -178,7 +164,7 @@ nlohmann::json plan_json(const PlanFigures& f) {
           {"schedule_us", f.schedule_us}};
 }
 
-void run_plan_only(const PrefixBenchFlags& flags, const std::vector<HeadSpec>& heads) {
+void run_plan_only(const PrefixBenchOptions& flags, const std::vector<HeadSpec>& heads) {
   nlohmann::json configs = nlohmann::json::array();
   std::printf("%-42s %6s %7s %10s %10s %10s %9s %9s %9s %9s\n", "tree", "heads", "units", "unique MB", "plan MB",
               "unpacked", "plan us", "reuse us", "grow us", "sched us");
@@ -211,16 +197,16 @@ struct KernelTiming {
   double host_us;  // median host time of the call that enqueues the launches: a decode step pays it per layer
 };
 
-void run_gpu_bench(PrefixBenchFlags flags, const std::vector<HeadSpec>& heads) {
+void run_gpu_bench(PrefixBenchOptions flags, const std::vector<HeadSpec>& heads) {
   const DType dtype = flags.dtype == "bf16" ? DType::kBF16 : DType::kF16;
   const int32_t element_bytes = 2;
   if (!cuda::device_available()) fail(ErrorKind::kUnsupported, "bench prefix-attention: no CUDA device (--plan-only runs without one)");
-  cuda::DeviceSummary device = cuda::describe_current_device();
+  DeviceSummary device = describe_current_device();
   if (flags.out.empty()) flags.out = "bench/results/" + device_slug(device.name) + "/prefix_attention.json";
   std::fprintf(stderr, "bench prefix-attention: %s, %d SMs; measuring streaming-read bandwidth and the mma.sync peak...\n",
                device.name.c_str(), device.sm_count);
-  const double bandwidth_before = cuda::measure_stream_read_bandwidth();
-  const double mma_peak = cuda::measure_mma_peak_flops();
+  const double bandwidth_before = measure_stream_read_bandwidth();
+  const double mma_peak = measure_mma_peak_flops();
   std::fprintf(stderr, "bench prefix-attention: streaming read %.1f GB/s, mma.sync f16 %.1f TFLOP/s\n",
                bandwidth_before / 1e9, mma_peak / 1e12);
 
@@ -251,17 +237,17 @@ void run_gpu_bench(PrefixBenchFlags flags, const std::vector<HeadSpec>& heads) {
   // They follow the batches, in the order of `heads`, as each tree's configurations do.
   const std::string floor_tree = fmt::format("1_{}", flags.block_size);
   for (HeadSpec h : heads) add_config(floor_tree, h);
-  cuda::L2Flusher flusher;
+  L2Flusher flusher;
   std::fprintf(stderr, "bench prefix-attention: filling a %.1f GB KV pool...\n", pool_bytes / 1e9);
   cuda::DeviceArray<uint8_t> pool{size_t(pool_bytes)};
-  cuda::fill_uniform(pool.data(), size_t(pool_bytes) / element_bytes, dtype, kSeed);
+  fill_uniform(pool.data(), size_t(pool_bytes) / element_bytes, dtype, kSeed);
   cuda::DeviceArray<uint16_t> q, out_prefix, out_decode;
-  cuda::EventTimings timings(flags.runs);
+  EventTimings timings(flags.runs);
   auto time_kernel = [&](auto&& launch) {
     for (int w = 0; w < flags.warmup; ++w) launch();
     std::vector<double> host_us(size_t(flags.runs));
     for (int run = 0; run < flags.runs; ++run) {
-      cuda::gpu_sleep(200);
+      gpu_sleep(200);
       flusher.flush();
       timings.start(run);
       const auto enqueue = std::chrono::steady_clock::now();
@@ -292,7 +278,7 @@ void run_gpu_bench(PrefixBenchFlags flags, const std::vector<HeadSpec>& heads) {
     q.resize(q_elements);
     out_prefix.resize(q_elements);
     out_decode.resize(q_elements);
-    cuda::fill_uniform(q.data(), q_elements, dtype, kSeed + k);
+    fill_uniform(q.data(), q_elements, dtype, kSeed + k);
     cuda::PrefixWorkspace prefix_ws;
     prefix_ws.upload(f.plan, f.batch, f.shape, c.tiles);
     const attention::DecodePlan decode_plan =
@@ -317,7 +303,7 @@ void run_gpu_bench(PrefixBenchFlags flags, const std::vector<HeadSpec>& heads) {
                  r.decode.median_us, f.unique_bytes / 1e6, r.max_abs_diff);
     results.push_back(r);
   }
-  const double bandwidth_after = cuda::measure_stream_read_bandwidth();
+  const double bandwidth_after = measure_stream_read_bandwidth();
   const double bandwidth = std::max(bandwidth_before, bandwidth_after);
 
   auto floor_of = [&](size_t head_index) -> const Result& { return results[num_batches + head_index]; };
@@ -402,66 +388,44 @@ void run_gpu_bench(PrefixBenchFlags flags, const std::vector<HeadSpec>& heads) {
 
 }  // namespace
 
-void register_bench_prefix(CLI::App& bench) {
-  auto flags = std::make_shared<PrefixBenchFlags>();
-  CLI::App* cmd = bench.add_subcommand(
-      "prefix-attention", "prefix-aware decode attention on prefix-tree batches, against its bound and the decode kernel");
-  cmd->add_option("--tree", flags->trees,
-                  "prefix-tree batches COUNTS_LENGTHS, ';'-separated or repeated; `listed`: the eight of "
-                  "shared/workloads/README.md, `pat`: the PAT artifact's twenty")
-      ->delimiter(';')
-      ->capture_default_str();
-  cmd->add_flag("--list-trees", flags->list_trees, "print the batches --tree names, ';'-separated, and exit");
-  cmd->add_option("--heads", flags->heads, "head shapes as q_heads/kv_heads, comma-separated")
-      ->delimiter(',')
-      ->capture_default_str();
-  cmd->add_option("--head-dim", flags->head_dim, "head dimension (64 or 128)")->capture_default_str();
-  cmd->add_option("--block-size", flags->block_size, "tokens per KV block (16, 32 or 64)")->capture_default_str();
-  cmd->add_option("--dtype", flags->dtype, "KV, q and out type: fp16 or bf16")->capture_default_str();
-  cmd->add_option("--runs", flags->runs, "timed runs per kernel (the median is reported)")->capture_default_str();
-  cmd->add_option("--warmup", flags->warmup, "untimed runs per kernel first")->capture_default_str();
-  cmd->add_flag("--plan-only", flags->plan_only, "plan and time the planner only (no GPU needed)");
-  cmd->add_option("--workers", flags->workers, "--plan-only: workers of the device planned for")->capture_default_str();
-  cmd->add_option("--out", flags->out, "JSON results (default bench/results/<device>/prefix_attention.json)");
-  cmd->callback([flags] {
-    flags->trees = attention::expand_benchmark_trees(flags->trees);
-    if (flags->trees.empty()) fail(ErrorKind::kInvalidArgument, "--tree: give at least one batch");
-    for (const std::string& tree : flags->trees) {  // errors before any work
-      if (tree.find('_') == std::string::npos) {  // a misspelt set name reads better as one
-        fail(ErrorKind::kInvalidArgument, "--tree: '{}' is neither COUNTS_LENGTHS (e.g. 1,4,16_128,256,1024) nor "
-             "`listed` or `pat`", tree);
-      }
-      attention::parse_prefix_tree(tree);
+void run_prefix_attention_bench(PrefixBenchOptions options) {
+  options.trees = expand_benchmark_trees(options.trees);
+  if (options.trees.empty()) fail(ErrorKind::kInvalidArgument, "--tree: give at least one batch");
+  for (const std::string& tree : options.trees) {  // errors before any work
+    if (tree.find('_') == std::string::npos) {  // a misspelt set name reads better as one
+      fail(ErrorKind::kInvalidArgument, "--tree: '{}' is neither COUNTS_LENGTHS (e.g. 1,4,16_128,256,1024) nor "
+           "`listed` or `pat`", tree);
     }
-    if (flags->list_trees) {
-      std::string joined;
-      for (const std::string& tree : flags->trees) joined += (joined.empty() ? "" : ";") + tree;
-      std::printf("%s\n", joined.c_str());
-      return;
-    }
-    std::vector<HeadSpec> heads;
-    for (const std::string& spec : flags->heads) heads.push_back(parse_heads(spec));
-    if (heads.empty()) fail(ErrorKind::kInvalidArgument, "--heads: give at least one q_heads/kv_heads");
-    if (flags->head_dim != 64 && flags->head_dim != 128)
-      fail(ErrorKind::kInvalidArgument, "--head-dim: {} (the prefix kernel has 64 and 128)", flags->head_dim);
-    if (flags->block_size != 16 && flags->block_size != 32 && flags->block_size != 64)
-      fail(ErrorKind::kInvalidArgument, "--block-size: {} (16, 32 or 64)", flags->block_size);
-    if (flags->dtype != "fp16" && flags->dtype != "bf16")
-      fail(ErrorKind::kInvalidArgument, "--dtype: '{}' is not fp16 or bf16", flags->dtype);
-    if (flags->runs < 1 || flags->warmup < 0 || flags->workers < 1)
-      fail(ErrorKind::kInvalidArgument, "--runs and --workers must be at least 1, --warmup at least 0");
-    for (HeadSpec h : heads) {
-      if (h.q_heads / h.kv_heads > 8)
-        fail(ErrorKind::kInvalidArgument, "--heads {}/{}: GQA groups of 1 to 8 query heads", h.q_heads, h.kv_heads);
-    }
-    if (flags->plan_only) return run_plan_only(*flags, heads);
+    parse_prefix_tree(tree);
+  }
+  if (options.list_trees) {
+    std::string joined;
+    for (const std::string& tree : options.trees) joined += (joined.empty() ? "" : ";") + tree;
+    std::printf("%s\n", joined.c_str());
+    return;
+  }
+  std::vector<HeadSpec> heads;
+  for (const std::string& spec : options.heads) heads.push_back(parse_heads(spec));
+  if (heads.empty()) fail(ErrorKind::kInvalidArgument, "--heads: give at least one q_heads/kv_heads");
+  if (options.head_dim != 64 && options.head_dim != 128)
+    fail(ErrorKind::kInvalidArgument, "--head-dim: {} (the prefix kernel has 64 and 128)", options.head_dim);
+  if (options.block_size != 16 && options.block_size != 32 && options.block_size != 64)
+    fail(ErrorKind::kInvalidArgument, "--block-size: {} (16, 32 or 64)", options.block_size);
+  if (options.dtype != "fp16" && options.dtype != "bf16")
+    fail(ErrorKind::kInvalidArgument, "--dtype: '{}' is not fp16 or bf16", options.dtype);
+  if (options.runs < 1 || options.warmup < 0 || options.workers < 1)
+    fail(ErrorKind::kInvalidArgument, "--runs and --workers must be at least 1, --warmup at least 0");
+  for (HeadSpec h : heads) {
+    if (h.q_heads / h.kv_heads > 8)
+      fail(ErrorKind::kInvalidArgument, "--heads {}/{}: GQA groups of 1 to 8 query heads", h.q_heads, h.kv_heads);
+  }
+  if (options.plan_only) return run_plan_only(options, heads);
 #if PAGODA_HAVE_CUDA
-    run_gpu_bench(*flags, heads);
+  run_gpu_bench(options, heads);
 #else
-    fail(ErrorKind::kUnsupported,
-         "bench prefix-attention: this pagoda was built without CUDA (--plan-only runs without it)");
+  fail(ErrorKind::kUnsupported,
+       "bench prefix-attention: this pagoda was built without CUDA (--plan-only runs without it)");
 #endif
-  });
 }
 
-}  // namespace pagoda::cli
+}  // namespace pagoda::bench
