@@ -2,7 +2,7 @@
 """Prefix-aware decode attention against its targets: pagoda, PAT and FlashInfer on one table.
 
 Reads `pagoda bench prefix-attention` JSON, optionally bench/flashinfer_prefix.py JSON from the same
-device session, and the public PAT kernel's figures (shared/workloads/pat_reference.md), and writes
+device session, and the public PAT kernel's figures (bench/workloads/pat_reference.md), and writes
 a markdown table plus a plot. Each row holds:
 
   * frac: unique KV bytes / median time / streaming-read bandwidth measured in pagoda's run. PAT's
@@ -14,7 +14,7 @@ a markdown table plus a plot. Each row holds:
   * the decode-attention kernel of issue 3 on the same batch.
 
 Below the table: the targets met (the geometric mean of the bound over the batches PAT lists,
-shared/workloads' listed set, and over every batch with sharing where the run holds others, such
+bench/workloads' listed set, and over every batch with sharing where the run holds others, such
 as the rest of the PAT artifact's trees), and (for runs that time it) the launch floor, one
 sequence of one block with the same heads, next to which the small batches are measured: the
 geometric mean of bound / (time - floor), and what a kernel taking exactly the bound plus the
@@ -22,7 +22,7 @@ floor would score, over every batch with sharing.
 
 Usage:
   python3 bench/compare_prefix.py prefix_attention.json --flashinfer flashinfer_prefix.json \
-      --pat ../shared/workloads/pat_reference.md --md prefix_attention.md --plot prefix_attention.png
+      --pat bench/workloads/pat_reference.md --md prefix_attention.md --plot prefix_attention.png
 """
 from __future__ import annotations
 
@@ -192,7 +192,7 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("pagoda", help="pagoda bench prefix-attention JSON")
     ap.add_argument("--flashinfer", help="bench/flashinfer_prefix.py JSON from the same session")
-    ap.add_argument("--pat", required=True, help="shared/workloads/pat_reference.md")
+    ap.add_argument("--pat", required=True, help="bench/workloads/pat_reference.md")
     ap.add_argument("--md", help="write the markdown table here")
     ap.add_argument("--plot", help="write a PNG plot here (needs matplotlib)")
     args = ap.parse_args()

@@ -1,5 +1,5 @@
 // Prefix-aware decode attention on the GPU (backend/cuda/prefix_attention.h) against the CPU:
-//   - every batch of shared/workloads/README.md x the four head configurations, fp16, head_dim
+//   - every batch of bench/workloads/README.md x the four head configurations, fp16, head_dim
 //     128, against the exact double-precision attention of up to 16 queries of each batch (the
 //     largest batches hold 17 GB of KV: the pool is filled on the device and only the sampled
 //     queries' blocks are copied back);
@@ -106,7 +106,7 @@ DeviceOutputs run_prefix_gpu(const PrefixPlan& plan, const attention::DecodeBatc
   return r;
 }
 
-// ---- The listed batches (shared/workloads/README.md) and the other trees of the PAT artifact.
+// ---- The listed batches (bench/workloads/README.md) and the other trees of the PAT artifact.
 
 struct TreeCase {
   const char* tree;

@@ -1,5 +1,5 @@
 // pagoda bench prefix-attention: prefix-aware decode attention (attention/prefix_plan.h,
-// backend/cuda/prefix_attention.h) on synthetic prefix-tree batches (shared/workloads/README.md
+// backend/cuda/prefix_attention.h) on synthetic prefix-tree batches (bench/workloads/README.md
 // notation), every figure next to its bound, with the decode-attention kernel of issue 3 on the
 // same batch in the same run.
 //

@@ -1,4 +1,4 @@
-// Request traces for replay benchmarks, in the Mooncake format (../shared/workloads/README.md):
+// Request traces for replay benchmarks, in the Mooncake format (bench/workloads/README.md):
 // one JSON object per line, {"timestamp": ms, "input_length": tokens, "output_length": tokens,
 // "hash_ids": [...]}, where each hash id names one 512-token block of the prompt. A replay turns
 // every hash id into the same block of token ids wherever it appears, so requests whose hash ids

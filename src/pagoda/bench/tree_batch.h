@@ -1,4 +1,4 @@
-// Synthetic prefix-tree decode batches in the notation of shared/workloads/README.md, for the
+// Synthetic prefix-tree decode batches in the notation of bench/workloads/README.md, for the
 // prefix-attention benchmark and tests: `COUNTS_LENGTHS`, e.g. `1,4,16_128,256,1024` is one root
 // of 128 tokens, 4 children of 256 tokens, and 16 queries with 1024 private tokens each. A level's
 // nodes are spread evenly over the nodes of the level above; the last level's nodes are the
@@ -25,7 +25,7 @@ struct PrefixTreeSpec {
 };
 
 // The prefix-tree batches of the PAT artifact's kernel benchmark (benchmark/run_kernel_bench.sh of
-// github.com/flashserve/PAT), in its order. `listed`: one of the eight of shared/workloads/README.md,
+// github.com/flashserve/PAT), in its order. `listed`: one of the eight of bench/workloads/README.md,
 // those pat_reference.md gives PAT's figures for, the targets.
 struct BenchmarkTree {
   const char* text;

@@ -60,7 +60,7 @@ void register_bench_prefix_attention(CLI::App& bench_cmd) {
       "prefix-attention", "prefix-aware decode attention on prefix-tree batches, against its bound and the decode kernel");
   cmd->add_option("--tree", flags->trees,
                   "prefix-tree batches COUNTS_LENGTHS, ';'-separated or repeated; `listed`: the eight of "
-                  "shared/workloads/README.md, `pat`: the PAT artifact's twenty")
+                  "bench/workloads/README.md, `pat`: the PAT artifact's twenty")
       ->delimiter(';')
       ->capture_default_str();
   cmd->add_flag("--list-trees", flags->list_trees, "print the batches --tree names, ';'-separated, and exit");

@@ -1,4 +1,4 @@
-// prefix_tiled_kernel: prefix-aware decode attention (papers/pat-prefix-aware-attention.txt), the
+// prefix_tiled_kernel: prefix-aware decode attention (the PAT paper, arXiv:2511.22333), the
 // executor of a PrefixPlan. A persistent grid: CTA c runs the items the schedule gives it
 // (prefix_schedule: longest processing time first), in order, and its K/V pipeline flows across
 // item boundaries, so a CTA whose items are short (a 32-token private tail) never waits for a
