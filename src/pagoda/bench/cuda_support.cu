@@ -185,8 +185,8 @@ double measure_stream_read_bandwidth(int passes) {
 
   passes = std::max(passes, 1);
   EventTimings timings(passes);
-  // Warm-up long enough (a few hundred ms) for the clocks to leave their idle state: with one
-  // pass, a run measured 6% less than the same GPU a minute later.
+  // Warm-up long enough (a few hundred ms) for the clocks to leave their idle state, or the first
+  // pass reads a GPU slower than it is.
   for (int i = 0; i < 300; ++i) stream_read_kernel<true><<<grid, kStreamThreads>>>(buffer.data(), buffer.size(), sink.data());
   check_cuda(cudaGetLastError(), "stream_read_kernel launch");
   for (int pass = 0; pass < passes; ++pass) {

@@ -1,13 +1,13 @@
 // pagoda bench prefix-attention: prefix-aware decode attention (attention/prefix_plan.h,
 // backend/cuda/prefix_attention.h) on synthetic prefix-tree batches (bench/workloads/README.md
-// notation), every figure next to its bound, with the decode-attention kernel of issue 3 on the
-// same batch in the same run.
+// notation), every figure next to its bound, with the paged decode kernel (the group-tiled
+// kernel of backend/cuda/decode_attention.h) on the same batch in the same run.
 //
 // The bound of a batch is max(unique KV bytes / streaming-read bandwidth, attention FLOPs /
 // mma.sync peak), both measured by this binary in this run: unique KV is what a perfect kernel
 // reads (every shared block once), and heavy GQA groups over long shared prefixes can make the
-// tensor cores the limit instead. "frac" is unique KV bytes / time / bandwidth (the issue's and
-// PAT's measure); "of bound" is the bound / time. The planner's own cost is timed on the host:
+// tensor cores the limit instead. "frac" is unique KV bytes / time / bandwidth (PAT's measure,
+// bench/workloads/pat_reference.md); "of bound" is the bound / time. The planner's own cost is timed on the host:
 // planning from scratch, reusing an unchanged plan, updating it after every sequence grew, and
 // (with the CUDA backend built) the kernel's work items and their schedule over the workers, which
 // the backend makes from a plan at every step.
@@ -358,8 +358,8 @@ void run_gpu_bench(PrefixBenchOptions flags, const std::vector<HeadSpec>& heads)
                 floor_tree.c_str(), floor.prefix.median_us, floor.decode.median_us);
   }
   std::printf("frac: unique KV bytes / median time / streaming-read bandwidth; of bnd: max(unique bytes / bandwidth, "
-              "FLOPs / mma.sync peak) / time (bound us: m memory, c compute); decode: issue 3's kernel on the same "
-              "batch\n");
+              "FLOPs / mma.sync peak) / time (bound us: m memory, c compute); decode: the paged decode kernel on "
+              "the same batch\n");
   write_json_file(flags.out,
                   {{"benchmark", "prefix_attention"},
                    {"device", device.name},

@@ -26,7 +26,7 @@ struct PrefixTreeSpec {
 
 // The prefix-tree batches of the PAT artifact's kernel benchmark (benchmark/run_kernel_bench.sh of
 // github.com/flashserve/PAT), in its order. `listed`: one of the eight of bench/workloads/README.md,
-// those pat_reference.md gives PAT's figures for, the targets.
+// those pat_reference.md gives PAT's figures for, which the prefix-attention targets are set on.
 struct BenchmarkTree {
   const char* text;
   bool listed;

@@ -209,7 +209,7 @@ __global__ void __launch_bounds__(DecodeTiledConfig<kHeadDim>::kThreads)
   }
   int32_t ids[kRowsPerThread];
   // Not unrolled: unrolled, ptxas 13.0 gave the prologue's evict_first copies an odd uniform
-  // register as their cache-policy descriptor, and they faulted (illegal instruction, H200).
+  // register as their cache-policy descriptor, and they faulted (an illegal instruction).
 #pragma unroll 1
   for (int stage = 0; stage < C::kStages - 1; ++stage) {
     read_tile_blocks(stage, ids);
