@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """Hugging Face transformers `generate` on a `pagoda make-model` checkpoint: the peer of
-`pagoda bench throughput --batch B --input I --output O` (issue 4, item 7).
+`pagoda bench throughput --batch B --input I --output O`.
 
 The same workload as pagoda's offline run: B prompts of I token ids each, the very ids pagoda
 submits (regenerated here with pagoda's counter-based formula, src/pagoda/bench/counter_random.h,
