@@ -2,19 +2,19 @@
 """Prefix-aware decode attention against its targets: pagoda, PAT and FlashInfer on one table.
 
 Reads `pagoda bench prefix-attention` JSON, optionally bench/flashinfer_prefix.py JSON from the same
-device session, and the public PAT kernel's figures (shared/workloads/pat_reference.md), and writes
+device session, and the public PAT kernel's figures (bench/workloads/pat_reference.md), and writes
 a markdown table plus a plot. Each row holds:
 
   * frac: unique KV bytes / median time / streaming-read bandwidth measured in pagoda's run. PAT's
     `frac` is the same measure on its own H200 run (device-normalized, so it compares across GPUs);
-  * target: min(1.5 x PAT frac, 0.95) for batches with sharing (issue 6);
+  * target: min(1.5 x PAT frac, 0.95) for batches with sharing (docs/experiments/prefix-attention.md);
   * of bound: max(unique bytes / bandwidth, FLOPs / mma.sync peak) / time;
   * FlashInfer's BatchDecodeWithPagedKVCacheWrapper (better of its two kernels) and
     MultiLevelCascadeAttentionWrapper, and pagoda's speed-up over the cascade;
-  * the decode-attention kernel of issue 3 on the same batch.
+  * the paged decode kernel (backend/cuda/decode_attention.h) on the same batch.
 
 Below the table: the targets met (the geometric mean of the bound over the batches PAT lists,
-shared/workloads' listed set, and over every batch with sharing where the run holds others, such
+bench/workloads' listed set, and over every batch with sharing where the run holds others, such
 as the rest of the PAT artifact's trees), and (for runs that time it) the launch floor, one
 sequence of one block with the same heads, next to which the small batches are measured: the
 geometric mean of bound / (time - floor), and what a kernel taking exactly the bound plus the
@@ -22,7 +22,7 @@ floor would score, over every batch with sharing.
 
 Usage:
   python3 bench/compare_prefix.py prefix_attention.json --flashinfer flashinfer_prefix.json \
-      --pat ../shared/workloads/pat_reference.md --md prefix_attention.md --plot prefix_attention.png
+      --pat bench/workloads/pat_reference.md --md prefix_attention.md --plot prefix_attention.png
 """
 from __future__ import annotations
 
@@ -57,16 +57,16 @@ def summarize(run: dict, pat: dict[tuple[str, str], float], fi: dict) -> tuple[l
 
     fi: (tree, 'q/kv') -> bench/flashinfer_prefix.py configuration. The summary holds met /
     total_targets (PAT-based targets), geomean and listed (of the bound, over the batches with
-    sharing that PAT lists: the issue's target, and how many), geomean_all and shared (the same
+    sharing that PAT lists: the target's measure, and how many), geomean_all and shared (the same
     over all the run's batches with sharing), beat_cascade / cascade_rows, floors
-    ('q/kv' -> (pagoda, issue-3 kernel) µs) and, where the run timed floors,
+    ('q/kv' -> (pagoda, paged decode kernel) µs) and, where the run timed floors,
     above_floor (geomean of bound / (time - floor)), at_floor (batches timed at or under it),
     bound_plus_floor and bound_plus_floor_listed (what a kernel taking the bound plus the floor
     would score over all the batches with sharing, and over the listed ones: the ceiling the
-    issue's 0.6 is a share of) and past_floor
+    target of 0.6 is a share of) and past_floor
     (the PAT targets whose time, unique bytes / (target x streaming read), is under the bound
     plus the floor: only a launch whose fixed costs are under the floor's can meet them), and host_us
-    ((pagoda, issue-3 kernel) median host µs to enqueue one call, or None for runs without it).
+    ((pagoda, paged decode kernel) median host µs to enqueue one call, or None for runs without it).
     """
     rows, listed_bound, shared_bound, met, total_targets, beat_cascade, cascade_rows = [], [], [], 0, 0, 0, 0
     above_floor, at_bound_plus_floor, listed_bound_plus_floor, floors, at_floor, past_floor = [], [], [], {}, 0, []
@@ -138,7 +138,7 @@ def render(run: dict, rows: list[dict], summary: dict) -> str:
         f"mma.sync {run['mma_peak_tflops']:.0f} TFLOP/s (both measured in the run), commit {run['commit']}",
         "",
         "| batch | heads | unique MB | bound µs | pagoda µs | frac | of bound | PAT frac | target | met "
-        "| issue-3 kernel µs | FI decode µs | FI cascade µs | vs cascade |",
+        "| paged decode kernel µs | FI decode µs | FI cascade µs | vs cascade |",
         "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
     for r in rows:
@@ -167,7 +167,7 @@ def render(run: dict, rows: list[dict], summary: dict) -> str:
     if summary["floors"]:
         at_floor = summary["at_floor"]
         lines += [
-            "- launch floor (one sequence of one block, same heads, same run; pagoda / issue-3 kernel µs): "
+            "- launch floor (one sequence of one block, same heads, same run; pagoda / paged decode kernel µs): "
             + ", ".join(f"{h} {p:.1f} / {d:.1f}" for h, (p, d) in summary["floors"].items()),
             f"- over the batches with sharing, geometric mean of bound / (time - floor): {summary['above_floor']:.3f}"
             + (f" ({at_floor} timed at or under the floor left out)" if at_floor else "")
@@ -181,10 +181,10 @@ def render(run: dict, rows: list[dict], summary: dict) -> str:
                      f"({', '.join(summary['past_floor'])})")
     if summary["host_us"]:
         lines.append("- host time to enqueue one call (median over the configurations; a decode step pays it per "
-                     "layer): pagoda {:.1f} µs, issue-3 kernel {:.1f} µs".format(*summary["host_us"]))
+                     "layer): pagoda {:.1f} µs, paged decode kernel {:.1f} µs".format(*summary["host_us"]))
     for r in nosharing:
         lines.append(f"- `256_4096` {r['heads']}: {r['of_bound']:.3f} of the bound (target 0.95), "
-                     f"{r['decode_us'] / r['us']:.3f}x the issue-3 kernel (target 0.98)")
+                     f"{r['decode_us'] / r['us']:.3f}x the paged decode kernel (target 0.98)")
     return "\n".join(lines) + "\n"
 
 
@@ -192,7 +192,7 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("pagoda", help="pagoda bench prefix-attention JSON")
     ap.add_argument("--flashinfer", help="bench/flashinfer_prefix.py JSON from the same session")
-    ap.add_argument("--pat", required=True, help="shared/workloads/pat_reference.md")
+    ap.add_argument("--pat", required=True, help="bench/workloads/pat_reference.md")
     ap.add_argument("--md", help="write the markdown table here")
     ap.add_argument("--plot", help="write a PNG plot here (needs matplotlib)")
     args = ap.parse_args()

@@ -1,9 +1,9 @@
 #!/usr/bin/env python3
 """Hugging Face transformers `generate` on a `pagoda make-model` checkpoint: the peer of
-`pagoda bench throughput --batch B --input I --output O` (issue 4, item 7).
+`pagoda bench throughput --batch B --input I --output O`.
 
 The same workload as pagoda's offline run: B prompts of I token ids each, the very ids pagoda
-submits (regenerated here with pagoda's counter-based formula, src/pagoda/cli/counter_random.h,
+submits (regenerated here with pagoda's counter-based formula, src/pagoda/bench/counter_random.h,
 from the same --seed and the tokenizer's size), all in one batch, greedy, exactly O new tokens each
 (min_new_tokens = max_new_tokens = O, so end-of-sequence never stops a row early). Timed from the
 call of generate to its return, after a CUDA synchronize, prefill included, as pagoda's output

@@ -64,11 +64,11 @@ fi
 if has ncu; then
   # The L2-prefetch paper's measurement (its Table 3): the L2 hit rate of the per-head kernel
   # with and without prefetch at the Llama-2-7B shape, batch 64, context 4K.
-  ncu --clock-control none -k regex:decode_paper_baseline --metrics \
+  ncu --clock-control none -k regex:per_head_decode --metrics \
     lts__t_sector_hit_rate.pct,lts__t_sector_op_read_hit_rate.pct,gpu__time_duration.sum,dram__bytes_read.sum \
     ./build/pagoda bench attention --batches 64 --contexts 4096 --heads 32/32 --runs 1 --warmup 0 \
     --variants baseline,baseline_prefetch --out "$out/ncu_bench.json" >"$out/ncu_paper_baseline.txt" 2>&1 || true
-  grep -E "decode_paper|hit_rate|duration|dram__bytes" "$out/ncu_paper_baseline.txt" | head -n 20 || true
+  grep -E "per_head_decode|hit_rate|duration|dram__bytes" "$out/ncu_paper_baseline.txt" | head -n 20 || true
 fi
 
 $python bench/plot_attention.py "$out/attention.json" 2>&1 | tail -n 2 || true

@@ -1,5 +1,5 @@
 // The prefix forest of a decode batch: one node per node of the spec trees of
-// shared/workloads/README.md, and on random batches with multi-level sharing every node maximal
+// bench/workloads/README.md, and on random batches with multi-level sharing every node maximal
 // and every query's path covering its KV exactly, in order.
 #include "pagoda/attention/prefix_forest.h"
 
@@ -11,13 +11,19 @@
 #include <vector>
 
 #include "pagoda/attention/prefix_plan.h"
-#include "pagoda/attention/tree_batch.h"
+#include "pagoda/bench/tree_batch.h"
 #include "pagoda/core/error.h"
 #include "prefix_batches.h"
 #include "reference.h"
 
 namespace pagoda::attention {
 namespace {
+
+using bench::expand_benchmark_trees;
+using bench::parse_prefix_tree;
+using bench::tree_num_blocks;
+using bench::make_tree_batch;
+using bench::PrefixTreeSpec;
 
 using testing::Random;
 
@@ -339,7 +345,7 @@ TEST(PrefixForest, RejectsTooFewBlocks) {
   EXPECT_THROW(build_prefix_forest(DecodeBatch{}, 0), Error);
 }
 
-// The benchmarks' named sets: the eight of shared/workloads/README.md among the PAT artifact's
+// The benchmarks' named sets: the eight of bench/workloads/README.md among the PAT artifact's
 // twenty, each a tree the parser takes; other items pass through in place.
 TEST(TreeBatch, NamedBenchmarkSetsExpandInTheArtifactsOrder) {
   const std::vector<std::string> listed = expand_benchmark_trees({"listed"});

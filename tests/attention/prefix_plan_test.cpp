@@ -16,13 +16,17 @@
 #include <utility>
 #include <vector>
 
-#include "pagoda/attention/tree_batch.h"
+#include "pagoda/bench/tree_batch.h"
 #include "pagoda/core/error.h"
 #include "prefix_batches.h"
 #include "reference.h"
 
 namespace pagoda::attention {
 namespace {
+
+using bench::parse_prefix_tree;
+using bench::tree_num_blocks;
+using bench::make_tree_batch;
 
 using testing::Random;
 

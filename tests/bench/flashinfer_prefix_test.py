@@ -90,7 +90,7 @@ class UniqueBytesTest(unittest.TestCase):
     def test_each_node_once(self):
         # (32 + 2 x 16 + 4 x 20) tokens x 8 kv heads x 128 dims x 2 bytes x (K and V)
         self.assertEqual(fp.unique_kv_bytes([1, 2, 4], [32, 16, 20], 8, 128), 144 * 8 * 128 * 4)
-        # 1,10_4096,416 at 32 kv heads: the 135.3 MB of shared/workloads/pat_reference.md
+        # 1,10_4096,416 at 32 kv heads: the 135.3 MB of bench/workloads/pat_reference.md
         self.assertEqual(fp.unique_kv_bytes([1, 10], [4096, 416], 32, 128), (4096 + 4160) * 32 * 128 * 4)
 
 

@@ -1,5 +1,5 @@
 // Decode attention on the GPU (backend/cuda/decode_attention.h) against the CPU executor
-// (attention::run_decode_cpu) running the same plan over the same inputs; two tests also check
+// (cpu::run_decode_cpu) running the same plan over the same inputs; two tests also check
 // both against the exact double-precision attention of tests/attention/reference.h, so that the
 // reference itself is checked. GPU tests skip without a GPU (CI); they run on the device machine
 // via `make gpu-test`.
@@ -31,10 +31,11 @@
 #include <vector>
 
 #include "attention_inputs.h"
-#include "pagoda/attention/cpu_executor.h"
+#include "pagoda/backend/cpu/decode_attention.h"
 #include "pagoda/attention/plan.h"
 #include "pagoda/backend/cuda/check.h"
 #include "pagoda/backend/cuda/device_array.h"
+#include "pagoda/bench/per_head_decode.h"
 #include "pagoda/core/error.h"
 #include "pagoda/core/half.h"
 #include "pagoda/core/paged_kv.h"
@@ -47,10 +48,17 @@ using attention::DecodePlan;
 using attention::DeviceInfo;
 using attention::PlanOptions;
 
-constexpr DecodeKernel kKernels[] = {DecodeKernel::kGroupTiled, DecodeKernel::kPaperBaseline};
+// The kernels that run a plan's work items: the backend's group-tiled kernel and the per-head
+// decode kernel the benchmarks compare it with.
+enum class DecodeKernel : uint8_t { kGroupTiled, kPerHead };
+constexpr DecodeKernel kKernels[] = {DecodeKernel::kGroupTiled, DecodeKernel::kPerHead};
+
+DecodeLauncher launcher(DecodeKernel kernel) {
+  return kernel == DecodeKernel::kGroupTiled ? launch_decode_tiled : bench::launch_per_head_decode;
+}
 
 const char* kernel_name(DecodeKernel kernel) {
-  return kernel == DecodeKernel::kGroupTiled ? "GroupTiled" : "PaperBaseline";
+  return kernel == DecodeKernel::kGroupTiled ? "GroupTiled" : "PerHead";
 }
 
 // The L2 hints a run uses: none, the engine's default (evict_first, no prefetch), or both.
@@ -58,7 +66,7 @@ enum class Hints { kNone, kEvictFirst, kPrefetch };
 constexpr Hints kAllHints[] = {Hints::kNone, Hints::kEvictFirst, Hints::kPrefetch};
 
 DecodeOptions options_of(DecodeKernel kernel, Hints hints) {
-  return {.kernel = kernel, .l2_prefetch = hints == Hints::kPrefetch, .evict_first = hints != Hints::kNone};
+  return {.launch = launcher(kernel), .l2_prefetch = hints == Hints::kPrefetch, .evict_first = hints != Hints::kNone};
 }
 
 const char* hints_name(Hints hints) {
@@ -66,7 +74,7 @@ const char* hints_name(Hints hints) {
 }
 
 std::string options_name(const DecodeOptions& options) {
-  return std::string(kernel_name(options.kernel)) + (options.l2_prefetch ? " prefetch" : " no prefetch") +
+  return std::string(options.launch == launch_decode_tiled ? "GroupTiled" : "PerHead") + (options.l2_prefetch ? " prefetch" : " no prefetch") +
          (options.evict_first ? " evict_first" : "") +
          (options.prefetch_distance > 0 ? " distance " + std::to_string(options.prefetch_distance) : "");
 }
@@ -81,7 +89,7 @@ PlanOptions forced_split(int32_t tokens) { return {.max_kv_tokens_per_item = tok
 
 Outputs run_cpu(Inputs& in, const DecodePlan& plan) {
   Outputs r{std::vector<float>(in.q.size(), std::nanf("")), std::vector<float>(in.rows(), std::nanf(""))};
-  attention::run_decode_cpu(plan, in.batch, in.shape, in.pool.view(), in.q_f32.data(),
+  cpu::run_decode_cpu(plan, in.batch, in.shape, in.pool.view(), in.q_f32.data(),
                             r.out.data(), r.lse.data());
   return r;
 }
@@ -163,7 +171,7 @@ INSTANTIATE_TEST_SUITE_P(
     ::testing::Combine(::testing::Values(DType::kF16, DType::kBF16), ::testing::Values(64, 128, 256),
                        ::testing::Values(16, 32, 64), ::testing::Values(1, 2, 4, 5, 7, 8),
                        ::testing::Bool(), ::testing::ValuesIn(kAllHints),
-                       ::testing::Values(DecodeKernel::kGroupTiled, DecodeKernel::kPaperBaseline)),
+                       ::testing::Values(DecodeKernel::kGroupTiled, DecodeKernel::kPerHead)),
     grid_name);
 
 // ---- Edge cases. ----
@@ -200,7 +208,7 @@ TEST(GpuDecode, LengthsNotAMultipleOfTheBlockSize) {
       const Outputs want = run_cpu(in, plan);
       for (const DecodeKernel kernel : kKernels) {
         for (const int32_t distance : {0, 1, 8}) {
-          const DecodeOptions decode{.kernel = kernel, .l2_prefetch = true, .prefetch_distance = distance};
+          const DecodeOptions decode{.launch = launcher(kernel), .l2_prefetch = true, .prefetch_distance = distance};
           SCOPED_TRACE("block size " + std::to_string(bs) + " split " +
                        std::to_string(plan.kv_tokens_per_item) + " " + options_name(decode));
           expect_matches(in, run_gpu(in, dev, plan, decode), want);
@@ -229,7 +237,7 @@ TEST(GpuDecode, LongAndShortSequence) {
     }
     for (const DecodeKernel kernel : kKernels) {
       SCOPED_TRACE(kernel_name(kernel));
-      const Outputs gpu = run_gpu(in, dev, plan, {.kernel = kernel});
+      const Outputs gpu = run_gpu(in, dev, plan, {.launch = launcher(kernel)});
       expect_matches(in, gpu, cpu);
       SCOPED_TRACE("against the exact reference");
       expect_matches(in, gpu, exact);
@@ -256,7 +264,7 @@ TEST(GpuDecode, MatchesExactReference) {
       }
       for (const DecodeKernel kernel : kKernels) {
         SCOPED_TRACE(kernel_name(kernel));
-        expect_matches(in, run_gpu(in, dev, plan, {.kernel = kernel}), exact);
+        expect_matches(in, run_gpu(in, dev, plan, {.launch = launcher(kernel)}), exact);
       }
     }
   }

@@ -1,5 +1,5 @@
 // Prefill attention on the GPU (backend/cuda/prefill_attention.h) against the CPU reference
-// attention::prefill_attention_cpu on the same inputs, and (two tests) against the exact
+// cpu::prefill_attention_cpu on the same inputs, and (two tests) against the exact
 // double-precision attention of tests/attention/reference.h.
 //
 // Inputs: K, V and q uniform in [-1, 1) from a fresh seed per test, stored in the pool's dtype;
@@ -30,7 +30,7 @@
 
 #include "../attention/reference.h"
 #include "attention_inputs.h"
-#include "pagoda/attention/prefill_cpu.h"
+#include "pagoda/backend/cpu/prefill_attention.h"
 #include "pagoda/backend/cuda/check.h"
 #include "pagoda/backend/cuda/device_array.h"
 #include "pagoda/core/error.h"
@@ -150,7 +150,7 @@ std::vector<float> run_cpu(Inputs& in) {
   std::vector<float> out(in.q.size(), std::nanf(""));
   const size_t row = in.row_elements();
   for (const PrefillChunk& c : in.chunks) {
-    attention::prefill_attention_cpu(
+    cpu::prefill_attention_cpu(
         in.shape, in.pool.view(),
         std::span<const int32_t>(in.block_ids).subspan(size_t(c.block_begin), size_t(in.blocks_of(c))),
         c.start_pos, c.num_new, &in.q_f32[size_t(c.row_begin) * row], &out[size_t(c.row_begin) * row]);

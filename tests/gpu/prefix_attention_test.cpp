@@ -1,5 +1,5 @@
 // Prefix-aware decode attention on the GPU (backend/cuda/prefix_attention.h) against the CPU:
-//   - every batch of shared/workloads/README.md x the four head configurations, fp16, head_dim
+//   - every batch of bench/workloads/README.md x the four head configurations, fp16, head_dim
 //     128, against the exact double-precision attention of up to 16 queries of each batch (the
 //     largest batches hold 17 GB of KV: the pool is filled on the device and only the sampled
 //     queries' blocks are copied back);
@@ -26,10 +26,10 @@
 #include <vector>
 
 #include "attention_inputs.h"
-#include "pagoda/attention/cpu_executor.h"
+#include "pagoda/backend/cpu/decode_attention.h"
 #include "pagoda/attention/prefix_plan.h"
-#include "pagoda/attention/tree_batch.h"
-#include "pagoda/backend/cuda/bench_support.h"
+#include "pagoda/bench/tree_batch.h"
+#include "pagoda/bench/cuda_support.h"
 #include "pagoda/backend/cuda/check.h"
 #include "pagoda/core/error.h"
 
@@ -106,7 +106,7 @@ DeviceOutputs run_prefix_gpu(const PrefixPlan& plan, const attention::DecodeBatc
   return r;
 }
 
-// ---- The listed batches (shared/workloads/README.md) and the other trees of the PAT artifact.
+// ---- The listed batches (bench/workloads/README.md) and the other trees of the PAT artifact.
 
 struct TreeCase {
   const char* tree;
@@ -121,9 +121,9 @@ TEST_P(GpuPrefixTree, MatchesExactAttention) {
   const DType dtype = DType::kF16;
   const AttentionShape shape{.num_q_heads = c.q_heads, .num_kv_heads = c.kv_heads, .head_dim = 128,
                              .block_size = 16, .softmax_scale = 1.f / std::sqrt(128.f)};
-  const attention::PrefixTreeSpec spec = attention::parse_prefix_tree(c.tree);
-  const attention::DecodeBatch batch = attention::make_tree_batch(spec, shape.block_size, 7);
-  const int32_t num_blocks = int32_t(attention::tree_num_blocks(spec, shape.block_size));
+  const bench::PrefixTreeSpec spec = bench::parse_prefix_tree(c.tree);
+  const attention::DecodeBatch batch = bench::make_tree_batch(spec, shape.block_size, 7);
+  const int32_t num_blocks = int32_t(bench::tree_num_blocks(spec, shape.block_size));
   const size_t page = size_t(shape.block_size) * size_t(shape.num_kv_heads) * size_t(shape.head_dim);
   DeviceArray<uint16_t> k(size_t(num_blocks) * page), v(size_t(num_blocks) * page);
   const size_t q_elements = size_t(batch.num_seqs()) * size_t(shape.num_q_heads) * size_t(shape.head_dim);
@@ -234,8 +234,8 @@ TEST(PrefixKernelUnits, PairsShortUnitsAndKeepsEveryUnit) {
                         Case{"1,5_256,48", 1, 16, 0}, Case{"1,2,10_64,64,30", 2, 16, 5},
                         Case{"1,4,8_256,32,32", 4, 16, 6}}) {
     SCOPED_TRACE(std::string(c.tree) + " group " + std::to_string(c.group) + " block " + std::to_string(c.block_size));
-    const attention::PrefixTreeSpec spec = attention::parse_prefix_tree(c.tree);
-    const attention::DecodeBatch batch = attention::make_tree_batch(spec, c.block_size, 3);
+    const bench::PrefixTreeSpec spec = bench::parse_prefix_tree(c.tree);
+    const attention::DecodeBatch batch = bench::make_tree_batch(spec, c.block_size, 3);
     const AttentionShape shape{.num_q_heads = 2 * c.group, .num_kv_heads = 2, .head_dim = 128, .block_size = c.block_size};
     const PrefixPlan plan = attention::plan_prefix(batch, shape, {.num_workers = 132}, {.split = false, .m_tiles = {16, 32, 64}});
     const KernelUnits k = kernel_units(plan, batch.block_ids, c.block_size, 64);
@@ -331,8 +331,8 @@ TEST(PrefixKernelUnits, CutsOneTileUnitsOfMoreRowsThanAStage) {
 // in turn and a block's warps in turn: queries (0, 1) on warp 0, (4, 5) on 1, (2, 3) on 2, (6, 7)
 // on 3; each carries its queries' blocks in its halves.
 TEST(PrefixKernelUnits, TailTilesTakeTheRowBlocksInTurn) {
-  const attention::PrefixTreeSpec spec = attention::parse_prefix_tree("1,4,32_64,128,24");
-  const attention::DecodeBatch batch = attention::make_tree_batch(spec, 16, 3);
+  const bench::PrefixTreeSpec spec = bench::parse_prefix_tree("1,4,32_64,128,24");
+  const attention::DecodeBatch batch = bench::make_tree_batch(spec, 16, 3);
   const AttentionShape shape{.num_q_heads = 8, .num_kv_heads = 2, .head_dim = 128, .block_size = 16};
   const PrefixPlan plan = attention::plan_prefix(batch, shape, {.num_workers = 8},  // no units dealt further
                                                  {.split = false, .max_tail_tokens = 32});
@@ -371,7 +371,7 @@ TEST(PrefixKernelUnits, TailTilesTakeTheRowBlocksInTurn) {
 // shape the kernel reads none at, a unit's tail list past the plan's, a tail for queries the
 // unit does not have or over blocks past the batch's.
 TEST(PrefixKernelUnits, RejectsTailsTheKernelCannotRead) {
-  const attention::DecodeBatch batch = attention::make_tree_batch(attention::parse_prefix_tree("1,4,32_64,128,24"), 16, 3);
+  const attention::DecodeBatch batch = bench::make_tree_batch(bench::parse_prefix_tree("1,4,32_64,128,24"), 16, 3);
   const AttentionShape shape{.num_q_heads = 8, .num_kv_heads = 2, .head_dim = 128, .block_size = 16};
   const PrefixPlan plan = attention::plan_prefix(batch, shape, {.num_workers = 8}, {.split = false, .max_tail_tokens = 32});
   ASSERT_GT(plan.units[0].num_tails, 0);
@@ -610,7 +610,7 @@ void expect_plan_matches(const Config& c, Inputs in, const std::string& what,
   const PrefixPlan plan = attention::plan_prefix(
       in.batch, in.shape, {.num_workers = workers > 0 ? workers : tiles.workers}, options);
   Outputs cpu{std::vector<float>(in.q.size(), std::nanf("")), std::vector<float>(in.rows(), std::nanf(""))};
-  attention::run_prefix_cpu(plan, in.batch, in.shape, in.pool.view(), in.q_f32.data(), cpu.out.data(), cpu.lse.data());
+  cpu::run_prefix_cpu(plan, in.batch, in.shape, in.pool.view(), in.q_f32.data(), cpu.out.data(), cpu.lse.data());
   const DeviceOutputs gpu = run_prefix_gpu(plan, in.batch, in.shape, tiles, dev.kv, dev.q.data());
   SCOPED_TRACE(what + ", " + std::to_string(plan.units.size()) + " units, " + std::to_string(plan.num_pieces) +
                " pieces");
@@ -665,14 +665,14 @@ TEST(GpuPrefix, TailTilesAmongSharedTiles) {
   };
   for (const Case t : {Case{"1,2,128_32,256,40", 2, 8, 5}, Case{"1,2,64_16,32,40", 4, 4, 1}}) {
     const Config c{.dtype = DType::kF16, .head_dim = 128, .block_size = 16, .group = t.group, .num_kv_heads = 2};
-    const attention::PrefixTreeSpec spec = attention::parse_prefix_tree(t.tree);
-    const attention::DecodeBatch batch = attention::make_tree_batch(spec, c.block_size, 5);
+    const bench::PrefixTreeSpec spec = bench::parse_prefix_tree(t.tree);
+    const attention::DecodeBatch batch = bench::make_tree_batch(spec, c.block_size, 5);
     std::vector<std::vector<int32_t>> blocks;
     for (int32_t s = 0; s < batch.num_seqs(); ++s) {
       const auto ids = batch.blocks_of(s);
       blocks.emplace_back(ids.begin(), ids.end());
     }
-    Inputs in = make_inputs(c, int32_t(attention::tree_num_blocks(spec, c.block_size)), blocks, batch.kv_lengths, 9);
+    Inputs in = make_inputs(c, int32_t(bench::tree_num_blocks(spec, c.block_size)), blocks, batch.kv_lengths, 9);
     const PrefixTiles tiles = prefix_tiles(in.shape, c.dtype);
     const PrefixPlan plan = attention::plan_prefix(in.batch, in.shape, {.num_workers = t.workers},
                                                    {.split = false, .m_tiles = tiles.m_tiles,

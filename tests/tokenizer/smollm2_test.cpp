@@ -135,7 +135,7 @@ TEST(SmolLM2Tokenizer, LongPromptTakesMilliseconds) {
   const auto start = std::chrono::steady_clock::now();
   const std::vector<int32_t> ids = fresh.encode(prompt, false);
   const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
-  // Reported, not asserted (DESIGN.md: tests assert, benchmarks measure).
+  // Reported, not asserted: tests assert, benchmarks measure.
   std::printf("encoded %zu bytes into %zu tokens in %.2f ms (cold word cache)\n", prompt.size(), ids.size(), ms);
   EXPECT_EQ(tok.decode(ids), prompt);
 }

@@ -1,5 +1,5 @@
-// The attention state and its merge, the ⊕ of the cascade paper
-// (papers/cascade-inference-shared-prefix.txt). The state of one query row over a KV index set I
+// The attention state and its merge, the ⊕ of cascade inference ("Cascade Inference: Memory
+// Bandwidth Efficient Shared Prefix Batch Decoding", flashinfer.ai/2024/02/02/cascade-inference.html). The state of one query row over a KV index set I
 // is (o, lse): o = sum_{i in I} softmax(s)_i v_i, normalized over I, and lse = log(sum_{i in I}
 // exp(s_i)), both fp32. For disjoint I and J,
 //   (o, lse)(I u J) = ( (o_I e^lse_I + o_J e^lse_J) / (e^lse_I + e^lse_J),  log(e^lse_I + e^lse_J) ),

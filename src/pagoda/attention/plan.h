@@ -28,9 +28,8 @@ struct PlanOptions {
   // The planner's own splits stay at least this long: an item must read enough KV to pay for
   // writing and merging its partial state. 128 tokens is two tiles of the GPU kernel (32 KB of K
   // plus 32 KB of V per kv head at head_dim 128, against a 2 KB f16 partial per 8 query rows); a
-  // batch of one on a large GPU needs pieces that small to occupy every multiprocessor. On an
-  // H200, 256 and 512 were slower overall and 64 slower on the worst batch-1 shape
-  // (bench/results/nvidia-h200/README.md).
+  // batch of one on a large GPU needs pieces that small to occupy every multiprocessor; longer and
+  // shorter minimums were slower (docs/experiments/decode-attention.md).
   int32_t min_kv_tokens_per_item = 128;
 };
 

@@ -1,8 +1,10 @@
-// The prefix forest of a decode batch (papers/pat-prefix-aware-attention.txt, §5.1): block
-// tables in, a forest out whose every root-to-node path is a prefix shared by the node's queries.
-// A node is a maximal run of block positions over which the same set of queries reads the same
+// The prefix forest of a decode batch (the PAT paper, "PAT: Accelerating LLM Decoding via
+// Prefix-Aware Attention with Resource Efficient Multi-Tile Kernel", arXiv:2511.22333, §5.1):
+// block tables in, a forest out whose every root-to-node path is a prefix shared by the node's
+// queries. A node is a maximal run of block positions over which the same set of queries reads the same
 // blocks; it ends where that set splits (queries continue into different blocks) or a query's KV
-// ends. Identity is by block id only, never by token contents (DESIGN.md, "Block table"), and a
+// ends. Identity is by block id only, never by token contents (a block table's ids are the
+// sharing: the prefix cache gives requests with the same prefix the same blocks), and a
 // block is the same for two queries only if both also read the same number of its tokens, so a
 // node's token range is the same for all its queries.
 #pragma once

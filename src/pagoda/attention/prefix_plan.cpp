@@ -216,10 +216,7 @@ int32_t split_length(const std::vector<PrefixUnit>& units, int64_t tail_tokens, 
     if (!one_length) return 0;
     // Uncut units that fill whole rounds of fewer workers run on those (prefix_schedule) and stay
     // whole: the few idle SMs cost less than the cut's partial states, its merge and its static
-    // schedule over pieces. 256_4096 at 8 kv heads, 2048 units on 128 CTAs against 6144 pieces
-    // on 132: at GQA group 2 and 4, 0.973-0.975 of the bound against 0.956-0.960 on an H200
-    // (0.993-0.997x the issue-3 kernel against 0.978-0.985x), 0.984-0.987 against 0.979-0.982 on
-    // an H100; at group 8, 1413-1418 us against 1425-1428 on an H100 before the tensor copies.
+    // schedule over pieces (docs/experiments/prefix-attention.md).
     const int64_t uncut = items(longest), uncut_rounds = (uncut + workers - 1) / workers;
     if (uncut % uncut_rounds == 0) return 0;
     for (int64_t cut = 1; cut <= 8; ++cut) {
@@ -241,11 +238,10 @@ int32_t split_length(const std::vector<PrefixUnit>& units, int64_t tail_tokens, 
     }
   }
   // Pieces longer than the units left whole come first in the schedule, a round or two of them,
-  // and the whole units fill the rest unevenly: 1,10_4096,416 at 32 kv heads cuts its root into 6
-  // pieces of 688 tokens beside 416-token leaves, and its busiest worker gets 9% more than the
-  // mean. Cut to the longest whole unit instead (10 pieces of 416: items of one length) where
-  // that is at least half the piece and fills the last round as well (58.6 -> 56.3-57.2 us on an
-  // H100; no other piece from 128 to 688 tokens measured faster there).
+  // and the whole units fill the rest unevenly (1,10_4096,416 at 32 kv heads cuts its root into 6
+  // pieces of 688 tokens beside 416-token leaves, and its busiest worker gets more than its share).
+  // Cut to the longest whole unit instead (10 pieces of 416: items of one length) where that is at
+  // least half the piece and fills the last round as well (docs/experiments/prefix-attention.md).
   int64_t whole = 0;  // in whole blocks
   for (const PrefixUnit& u : units) {
     if (u.num_tokens < length) whole = std::max<int64_t>(whole, (u.num_tokens + bs - 1) / bs * bs);
@@ -273,13 +269,11 @@ int32_t select_m_tile(int32_t rows, const std::vector<int32_t>& m_tiles) {
 // units with tails give fewer items than there are workers, each one's queries are dealt into
 // more row chunks (each reading the node's KV again, from L2: they are kv_shared, and a tail
 // cut by a chunk boundary is read by both), as many as keep those items within one round and at
-// least 32 rows. (Chunks of 32 rows lost 7% on an H100 while the kernel copied KV lane by lane;
-// with the tensor copies, 1,4,256_32,256,32, 2,8,16,... and 8,16,32,... at GQA group 2 gain
-// 11-18% on an H200 and 1-7% on an H100 over 64 rows, which left them untailed, with thousands
-// of items and their merges.) Then, if the items do not fill their last round to 95%, no
-// chunk joins another: with items this long, a mostly idle last round costs more than the
-// partial states and merges the tails save (8,16,32,256_512,512,256,32 at GQA group 2 with its
-// leaves as tails: 448 items in 3.4 rounds on 132 workers, 14% slower).
+// least 32 rows (the smallest chunk the kernel's tensor copies keep fed; 64-row chunks left the
+// tree batches untailed, with thousands of items and their merges). Then, if the items do not
+// fill their last round to 95%, no chunk joins another: with items this long, a mostly idle last
+// round costs more than the partial states and merges the tails save
+// (docs/experiments/prefix-attention.md).
 struct Tails {
   // Chunk c's tails: list[begin[c], begin[c + 1]), query ranges from the chunk's first query.
   std::vector<UnitTail> list;

@@ -1,5 +1,5 @@
-// The prefix-aware decode planner (papers/pat-prefix-aware-attention.txt, pack stage; the
-// cascade paper's shared-prefix attention is its two-level case). Block tables in, work out:
+// The prefix-aware decode planner (the pack stage of the PAT paper, arXiv:2511.22333; cascade
+// inference's shared-prefix attention is its two-level case). Block tables in, work out:
 //   1. the prefix forest of the batch (prefix_forest.h);
 //   2. packing: every node's queries read the node's KV together, once, in one unit; a child is
 //      merged into its parent's unit (the unit reads the parent's KV again, for the child's
@@ -124,7 +124,7 @@ PrefixPlan plan_prefix(const DecodeBatch& batch, const AttentionShape& shape, co
 PrefixPlan plan_prefix(const PrefixForest& forest, const DecodeBatch& batch, const AttentionShape& shape,
                        const DeviceInfo& device, const PrefixPlanOptions& options = {});
 
-// Cascade attention (papers/cascade-inference-shared-prefix.txt): every request reads one shared
+// Cascade attention (FlashInfer's cascade inference, merge.h): every request reads one shared
 // prefix (shared_blocks, shared_tokens) and then its own suffix. The batch it builds, planned by
 // plan_prefix like any other: the prefix is a root node read once for all requests.
 //   suffix_blocks[r]: request r's own blocks; suffix_tokens[r]: its tokens in them.

@@ -25,7 +25,7 @@
 #include "pagoda/core/tensor.h"
 #include "pagoda/attention/plan.h"
 #include "pagoda/attention/prefix_plan.h"
-#include "pagoda/kv/kv_cache.h"
+#include "pagoda/kv/kv_cache_config.h"
 
 namespace pagoda {
 

@@ -1,192 +1,133 @@
-// pagoda bench generate: prefill speed, batch-1 decode speed and batch-N aggregate decode speed,
-// each next to its bound: decode must read every weight byte (and its KV) once per step, so
-// bytes per step / measured memory bandwidth is the fastest a step can be.
-#include <immintrin.h>
-#include <omp.h>
-
-#include <chrono>
-#include <cstdlib>
-#include <cstdio>
+// pagoda bench generate|attention|prefix-attention|throughput: each subcommand's flags; the
+// benchmarks themselves are the bench layer's (src/pagoda/bench/).
 #include <memory>
-#include <random>
-#include <thread>
-#include <vector>
 
-#include <nlohmann/json.hpp>
-
-#include "pagoda/cli/bench_report.h"
+#include "pagoda/bench/attention.h"
+#include "pagoda/bench/generate.h"
+#include "pagoda/bench/prefix_attention.h"
+#include "pagoda/bench/throughput.h"
 #include "pagoda/cli/commands.h"
-#include "pagoda/cli/host_bench_support.h"
-#include "pagoda/cli/session.h"
-#include "pagoda/core/error.h"
+#include "pagoda/cli/flags.h"
 
 namespace pagoda::cli {
 namespace {
 
-// Peak f32 FMA throughput with all threads (FLOP/s): ten independent AVX2 FMA chains per
-// thread, enough to cover the FMA latency on every core.
-double measure_fma_peak() {
-  constexpr int kChains = 10;
-  constexpr int64_t kIterations = 20'000'000;
-  double best = 0;
-  float sink = 0;
-  for (int pass = 0; pass < 3; ++pass) {
-    const auto start = Clock::now();
-    int threads = 1;
-#pragma omp parallel reduction(+ : sink)
-    {
-#pragma omp single
-      threads = omp_get_num_threads();
-      __m256 acc[kChains];
-      for (int c = 0; c < kChains; ++c) acc[c] = _mm256_set1_ps(float(c));
-      const __m256 a = _mm256_set1_ps(0.999f), b = _mm256_set1_ps(1e-3f);
-      for (int64_t i = 0; i < kIterations; ++i)
-        for (int c = 0; c < kChains; ++c) acc[c] = _mm256_fmadd_ps(acc[c], a, b);
-      for (int c = 0; c < kChains; ++c) sink += _mm256_cvtss_f32(acc[c]);
-    }
-    best = std::max(best, double(threads) * kIterations * kChains * 16 / seconds_since(start));
-  }
-  if (sink == 42) std::puts("");  // keeps the arithmetic
-  return best;
+void register_bench_attention(CLI::App& bench_cmd) {
+  auto flags = std::make_shared<bench::AttentionBenchOptions>();
+  CLI::App* cmd = bench_cmd.add_subcommand(
+      "attention", "GPU decode attention over batch x context x heads, against the streaming-read bound");
+  cmd->add_option("--batches", flags->batches, "sequences per step, comma-separated")
+      ->delimiter(',')
+      ->capture_default_str();
+  cmd->add_option("--contexts", flags->contexts, "KV tokens per sequence, comma-separated")
+      ->delimiter(',')
+      ->capture_default_str();
+  cmd->add_option("--heads", flags->heads, "head shapes as q_heads/kv_heads, comma-separated")
+      ->delimiter(',')
+      ->capture_default_str();
+  cmd->add_option("--head-dim", flags->head_dim, "head dimension")->capture_default_str();
+  cmd->add_option("--block-size", flags->block_size, "tokens per KV block")->capture_default_str();
+  cmd->add_option("--dtype", flags->dtype, "KV, q and out type: fp16 or bf16")->capture_default_str();
+  cmd->add_option("--layout", flags->layout, "KV pool layout: hnd or nhd")->capture_default_str();
+  cmd->add_option("--runs", flags->runs, "timed runs per variant (the median is reported)")->capture_default_str();
+  cmd->add_option("--warmup", flags->warmup, "untimed runs per variant first")->capture_default_str();
+  cmd->add_option("--variants", flags->variants,
+                  "kernels to time: tiled, tiled_prefetch, baseline, baseline_prefetch (comma-separated)")
+      ->delimiter(',')
+      ->capture_default_str();
+  cmd->add_option("--min-split-tokens", flags->min_split_tokens,
+                  "shortest KV piece the planner's split-KV may cut (PlanOptions::min_kv_tokens_per_item)")
+      ->capture_default_str();
+  cmd->add_option("--prefetch-distance", flags->prefetch_distance,
+                  "L2 prefetch distance: 64-token tiles ahead (tiled) or per-warp blocks ahead (baseline); 0: each "
+                  "kernel's default")
+      ->capture_default_str();
+  cmd->add_option("--out", flags->out, "JSON results (default bench/results/<device>/attention.json)");
+  cmd->add_option("--filter", flags->filter, "run only configs whose name (e.g. b64-c8192-h32/8) contains this");
+  CLI::Option* max_kv = cmd->add_option("--max-kv-gb", flags->max_kv_gb,
+                                        "largest KV pool to allocate, in GB (default 70% of free device memory)");
+  cmd->add_flag("--baseline-all", flags->baseline_all,
+                "run the baseline kernel at every size (default: batch x context <= 64 x 8192)");
+  cmd->callback([flags, max_kv] {
+    flags->max_kv_given = max_kv->count() > 0;
+    bench::run_attention_bench(*flags);
+  });
 }
 
-std::vector<int32_t> synthetic_prompt(int32_t length, int32_t vocab, uint64_t seed) {
-  std::mt19937_64 rng(seed);
-  std::vector<int32_t> ids(static_cast<size_t>(length));
-  for (auto& id : ids) id = int32_t(rng() % uint64_t(vocab));
-  return ids;
+void register_bench_prefix_attention(CLI::App& bench_cmd) {
+  auto flags = std::make_shared<bench::PrefixBenchOptions>();
+  CLI::App* cmd = bench_cmd.add_subcommand(
+      "prefix-attention", "prefix-aware decode attention on prefix-tree batches, against its bound and the decode kernel");
+  cmd->add_option("--tree", flags->trees,
+                  "prefix-tree batches COUNTS_LENGTHS, ';'-separated or repeated; `listed`: the eight of "
+                  "bench/workloads/README.md, `pat`: the PAT artifact's twenty")
+      ->delimiter(';')
+      ->capture_default_str();
+  cmd->add_flag("--list-trees", flags->list_trees, "print the batches --tree names, ';'-separated, and exit");
+  cmd->add_option("--heads", flags->heads, "head shapes as q_heads/kv_heads, comma-separated")
+      ->delimiter(',')
+      ->capture_default_str();
+  cmd->add_option("--head-dim", flags->head_dim, "head dimension (64 or 128)")->capture_default_str();
+  cmd->add_option("--block-size", flags->block_size, "tokens per KV block (16, 32 or 64)")->capture_default_str();
+  cmd->add_option("--dtype", flags->dtype, "KV, q and out type: fp16 or bf16")->capture_default_str();
+  cmd->add_option("--runs", flags->runs, "timed runs per kernel (the median is reported)")->capture_default_str();
+  cmd->add_option("--warmup", flags->warmup, "untimed runs per kernel first")->capture_default_str();
+  cmd->add_flag("--plan-only", flags->plan_only, "plan and time the planner only (no GPU needed)");
+  cmd->add_option("--workers", flags->workers, "--plan-only: workers of the device planned for")->capture_default_str();
+  cmd->add_option("--out", flags->out, "JSON results (default bench/results/<device>/prefix_attention.json)");
+  cmd->callback([flags] {
+    bench::run_prefix_attention_bench(*flags);
+  });
 }
 
-struct DecodeRun {
-  double prefill_seconds = 0;
-  double decode_seconds = 0;  // steps in which every request decodes
-  int64_t decode_tokens = 0;
-};
-
-// Runs `batch` requests of prompt_len synthetic tokens generating gen_len tokens each (greedy,
-// past EOS), all prompts prefilled in the first step.
-DecodeRun run_batch(Session& session, int32_t batch, int32_t prompt_len, int32_t gen_len, uint64_t seed) {
-  EngineOptions options = session.engine_options;
-  options.max_batch = batch;
-  options.max_step_tokens = batch * prompt_len;
-  Engine engine(*session.model, session.tokenizer, options);
-  for (int32_t b = 0; b < batch; ++b) {
-    SamplingParams params{.temperature = 0.f, .max_tokens = gen_len, .ignore_eos = true};
-    engine.submit({.prompt = synthetic_prompt(prompt_len, session.model->config().vocab_size, seed + uint64_t(b)),
-                   .params = params});
-  }
-  DecodeRun run;
-  auto start = Clock::now();
-  engine.step();  // every prompt, and the first token of each
-  run.prefill_seconds = seconds_since(start);
-  start = Clock::now();
-  while (engine.has_work()) run.decode_tokens += int64_t(engine.step().size());
-  run.decode_seconds = seconds_since(start);
-  return run;
+void register_bench_throughput(CLI::App& bench_cmd) {
+  auto flags = std::make_shared<bench::ThroughputBenchOptions>();
+  CLI::App* cmd = bench_cmd.add_subcommand(
+      "throughput", "the engine on an offline batch or a replayed trace: tokens/s, TTFT, TPOT, prefix hits, roofline");
+  add_model_flags(*cmd, flags->model);
+  cmd->add_option("--batch", flags->batch, "offline: requests, all submitted at t = 0 (default --max-batch: this)");
+  cmd->add_option("--input", flags->input, "offline: synthetic prompt tokens per request");
+  cmd->add_option("--output", flags->output, "offline: tokens generated per request (past end-of-sequence)");
+  cmd->add_option("--shared-prefix", flags->shared_prefix,
+                  "offline: the first N prompt tokens are the same in every request (default 0)");
+  cmd->add_option("--trace", flags->trace, "replay this Mooncake-format trace (JSON lines)");
+  cmd->add_option("--time-scale", flags->scaling.time_scale, "replay: multiply arrival times (default 1; 0: all at once)");
+  cmd->add_option("--length-scale", flags->scaling.length_scale,
+                  "replay: multiply input and output lengths and the 512-token block (default 1)");
+  cmd->add_option("--output-scale", flags->scaling.output_scale,
+                  "replay: multiply output lengths by this instead of --length-scale (default: as --length-scale)");
+  cmd->add_option("--max-requests", flags->scaling.max_requests, "replay: only the first N requests (default all)");
+  cmd->add_option("--max-input", flags->scaling.max_input, "replay: cap on scaled input tokens (default none)");
+  cmd->add_option("--max-output", flags->scaling.max_output, "replay: cap on scaled output tokens (default none)");
+  cmd->add_option("--seed", flags->seed, "seed of the synthetic token ids (default 0)");
+  cmd->add_flag("--no-prefix-cache", flags->no_prefix_cache, "do not reuse the KV of cached prompt prefixes");
+  cmd->add_option("--json", flags->json_path, "write the results as JSON to this file");
+  cmd->callback([flags, cmd] {
+    flags->offline = cmd->count("--batch") + cmd->count("--input") + cmd->count("--output") > 0;
+    flags->max_batch_given = cmd->count("--max-batch") > 0;
+    flags->kv_memory_given = cmd->count("--kv-memory-mb") > 0;
+    bench::run_throughput_bench(*flags);
+  });
 }
 
 }  // namespace
 
 void register_bench(CLI::App& app) {
-  struct Flags {
-    ModelFlags model;
-    int prompt_tokens = 128;
-    int gen_tokens = 64;
-    int batch = 8;
-    std::string json_path;
-  };
-  auto flags = std::make_shared<Flags>();
-  CLI::App* bench = app.add_subcommand("bench", "benchmarks");
-  bench->require_subcommand(1);
-  CLI::App* cmd = bench->add_subcommand("generate", "the CPU backend's prefill and decode speed against its bounds");
+  auto flags = std::make_shared<bench::GenerateBenchOptions>();
+  CLI::App* bench_cmd = app.add_subcommand("bench", "benchmarks");
+  bench_cmd->require_subcommand(1);
+  CLI::App* cmd = bench_cmd->add_subcommand("generate", "the CPU backend's prefill and decode speed against its bounds");
   add_model_flags(*cmd, flags->model);
   cmd->add_option("--prompt-tokens", flags->prompt_tokens, "prompt length (default 128)");
   cmd->add_option("--gen-tokens", flags->gen_tokens, "tokens generated per request (default 64)");
   cmd->add_option("--batch", flags->batch, "requests decoded together in the batched run (default 8)");
   cmd->add_option("--json", flags->json_path, "write the results as JSON to this file");
   cmd->callback([flags] {
-    if (flags->prompt_tokens < 1 || flags->gen_tokens < 2 || flags->batch < 1 || flags->batch > 256)
-      fail(ErrorKind::kInvalidArgument, "--prompt-tokens >= 1, --gen-tokens >= 2 and --batch in [1, 256] please");
-    // Its bounds are the host's bandwidth and FMA peak: the GPU is `bench throughput`'s.
-    if (flags->model.backend == "cuda")
-      fail(ErrorKind::kInvalidArgument, "bench generate measures the CPU backend; on the GPU use bench throughput");
-    flags->model.backend = "cpu";
-    Session session(flags->model);
-    const ModelConfig& c = session.model->config();
-    if (int64_t(flags->prompt_tokens) + flags->gen_tokens > c.max_context)
-      fail(ErrorKind::kInvalidArgument, "prompt + generated tokens exceed the context of {}", c.max_context);
-
-    std::fprintf(stderr, "bench: measuring memory bandwidth and FMA peak...\n");
-    const double bandwidth = measure_host_read_bandwidth();
-    const double fma_peak = measure_fma_peak();
-    std::fprintf(stderr, "bench: warm-up...\n");
-    run_batch(session, 1, 16, 4, 1);
-    std::fprintf(stderr, "bench: batch 1...\n");
-    const DecodeRun single = run_batch(session, 1, flags->prompt_tokens, flags->gen_tokens, 7);
-    std::fprintf(stderr, "bench: batch %d...\n", flags->batch);
-    const DecodeRun batched = run_batch(session, flags->batch, flags->prompt_tokens, flags->gen_tokens, 11);
-
-    // The bound of a step is the slower of two limits: the bytes it must read (every weight once,
-    // plus each sequence's f32 KV at its mean length over the run) at the measured bandwidth, and
-    // its matmul FLOPs (2 per weight per token) at the measured FMA peak.
-    const double weight_bytes = double(session.model->weight_bytes());
-    const double matmul_weights = weight_bytes / dtype_size(session.model->weight_dtype());
-    const double kv_bytes_per_token = double(c.num_layers) * 2 * c.kv_dim() * sizeof(float);
-    const double avg_context = flags->prompt_tokens + flags->gen_tokens / 2.0;
-    auto step_bound_seconds = [&](double tokens, double kv_tokens) {
-      return std::max((weight_bytes + kv_tokens * kv_bytes_per_token) / bandwidth, 2 * matmul_weights * tokens / fma_peak);
-    };
-    auto decode_bound = [&](int batch) { return batch / step_bound_seconds(batch, batch * avg_context); };
-    const double prefill_bound = flags->prompt_tokens / step_bound_seconds(flags->prompt_tokens, flags->prompt_tokens);
-    const double prefill_tps = flags->prompt_tokens / single.prefill_seconds;
-    const double single_tps = single.decode_tokens / single.decode_seconds;
-    const double batched_tps = batched.decode_tokens / batched.decode_seconds;
-
-    std::printf("pagoda bench generate: %s, %d threads, %s\n", cpu_name().c_str(), omp_get_max_threads(),
-                session.checkpoint.path().c_str());
-    std::printf("weights %.1f MB (%s); measured read bandwidth %.1f GB/s, f32 FMA peak %.1f GFLOP/s\n",
-                weight_bytes / 1e6, std::string(dtype_name(session.model->weight_dtype())).c_str(), bandwidth / 1e9, fma_peak / 1e9);
-    std::printf("%-26s %10s %12s %9s\n", "", "tok/s", "bound tok/s", "of bound");
-    auto row = [](const std::string& name, double tps, double bound) {
-      std::printf("%-26s %10.1f %12.1f %8.0f%%\n", name.c_str(), tps, bound, 100 * tps / bound);
-    };
-    row("prefill (" + std::to_string(flags->prompt_tokens) + " tokens)", prefill_tps, prefill_bound);
-    row("decode, batch 1", single_tps, decode_bound(1));
-    row("decode, batch " + std::to_string(flags->batch), batched_tps, decode_bound(flags->batch));
-
-    if (!flags->json_path.empty()) {
-      nlohmann::json j = {
-          {"benchmark", "generate"},
-          {"command", "pagoda bench generate --prompt-tokens " + std::to_string(flags->prompt_tokens) +
-                          " --gen-tokens " + std::to_string(flags->gen_tokens) + " --batch " +
-                          std::to_string(flags->batch) + " --weight-dtype " + std::string(dtype_name(session.model->weight_dtype()))},
-          {"commit", git_commit()},
-          {"device", cpu_name()},
-          {"threads", omp_get_max_threads()},
-          {"model", session.checkpoint.path()},
-          {"weight_dtype", dtype_name(session.model->weight_dtype())},
-          {"weight_bytes", weight_bytes},
-          {"read_bandwidth_bytes_per_s", bandwidth},
-          {"fma_peak_flop_per_s", fma_peak},
-          {"prompt_tokens", flags->prompt_tokens},
-          {"gen_tokens", flags->gen_tokens},
-          {"prefill_tok_s", prefill_tps},
-          {"prefill_bound_tok_s", prefill_bound},
-          {"decode_batch1_tok_s", single_tps},
-          {"decode_batch1_bound_tok_s", decode_bound(1)},
-          {"batch", flags->batch},
-          {"decode_batched_tok_s", batched_tps},
-          {"decode_batched_bound_tok_s", decode_bound(flags->batch)},
-          {"bound", "per step, the larger of (weight bytes + KV bytes at mean context) / read bandwidth "
-                    "and 2 x weights x tokens / FMA peak"},
-      };
-      write_json_file(flags->json_path, j);
-      std::fprintf(stderr, "bench: wrote %s\n", flags->json_path.c_str());
-    }
+    bench::run_generate_bench(*flags);
   });
-  register_bench_attention(*bench);
-  register_bench_prefix(*bench);
-  register_bench_throughput(*bench);
+  register_bench_attention(*bench_cmd);
+  register_bench_prefix_attention(*bench_cmd);
+  register_bench_throughput(*bench_cmd);
 }
 
 }  // namespace pagoda::cli

@@ -7,7 +7,7 @@
 
 #include "pagoda/cli/commands.h"
 #include "pagoda/cli/generation.h"
-#include "pagoda/cli/session.h"
+#include "pagoda/cli/flags.h"
 #include "pagoda/core/error.h"
 
 namespace pagoda::cli {

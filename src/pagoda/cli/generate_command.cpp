@@ -3,7 +3,7 @@
 
 #include "pagoda/cli/commands.h"
 #include "pagoda/cli/generation.h"
-#include "pagoda/cli/session.h"
+#include "pagoda/cli/flags.h"
 
 namespace pagoda::cli {
 

@@ -1,5 +1,5 @@
 // pagoda make-model: a Hugging Face checkpoint with random weights and the exact shape of a public
-// model (model_presets.h), for benchmarks at real sizes without downloading anything; pagoda and
+// model (bench/model_presets.h), for benchmarks at real sizes without downloading anything; pagoda and
 // transformers both load it (bench/hf_generate.py runs the latter on it).
 #include <chrono>
 #include <cstdio>
@@ -7,8 +7,8 @@
 #include <string>
 
 #include "pagoda/cli/commands.h"
-#include "pagoda/cli/model_presets.h"
-#include "pagoda/cli/model_writer.h"
+#include "pagoda/bench/model_presets.h"
+#include "pagoda/bench/model_writer.h"
 #include "pagoda/core/error.h"
 
 namespace pagoda::cli {
@@ -30,9 +30,9 @@ void register_make_model(CLI::App& app) {
   cmd->add_option("--out", flags->out, "folder to write (created when missing)");
   cmd->callback([flags, cmd] {
     if (flags->arch.empty())
-      fail(ErrorKind::kInvalidArgument, "make-model needs --arch ({})", fmt::join(model_preset_names(), ", "));
+      fail(ErrorKind::kInvalidArgument, "make-model needs --arch ({})", fmt::join(bench::model_preset_names(), ", "));
     if (flags->out.empty()) fail(ErrorKind::kInvalidArgument, "make-model needs --out DIR");
-    ModelConfig config = model_preset(flags->arch);
+    ModelConfig config = bench::model_preset(flags->arch);
     if (cmd->count("--layers") > 0) {
       if (flags->layers < 1 || flags->layers > 1024)
         fail(ErrorKind::kInvalidArgument, "--layers must be in [1, 1024], not {}", flags->layers);
@@ -43,7 +43,7 @@ void register_make_model(CLI::App& app) {
     const DType dtype = flags->dtype == "bf16" ? DType::kBF16 : DType::kF16;
 
     const auto start = std::chrono::steady_clock::now();
-    const uint64_t bytes = write_random_checkpoint(config, flags->out, {.dtype = dtype, .seed = flags->seed});
+    const uint64_t bytes = bench::write_random_checkpoint(config, flags->out, {.dtype = dtype, .seed = flags->seed});
     const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
     std::printf("wrote %s: %s shape, %d layers, %s, seed %llu, %.2f GB of weights in %.1f s (%.2f GB/s)\n",
                 flags->out.c_str(), flags->arch.c_str(), config.num_layers, flags->dtype.c_str(),

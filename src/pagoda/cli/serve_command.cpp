@@ -20,7 +20,7 @@
 #include <thread>
 
 #include "pagoda/cli/commands.h"
-#include "pagoda/cli/session.h"
+#include "pagoda/cli/flags.h"
 #include "pagoda/core/default_model.h"
 #include "pagoda/core/error.h"
 #include "pagoda/http/server.h"

@@ -199,29 +199,16 @@ GgufValueType GgufValue::array_type() const {
   return elements.empty() ? GgufValueType::kU8 : elements.front().type;
 }
 
-int64_t GgufTensorInfo::numel() const {
-  int64_t n = 1;
-  for (int64_t d : dims) n *= d;  // the parser checked that the product fits
-  return n;
-}
-
-GgufFile GgufFile::open(const std::string& path) {
-  GgufFile f;
-  f.file_ = std::make_shared<MappedFile>(path);
-  f.origin_ = path;
-  f.parse_bytes(f.file_->bytes());
-  return f;
-}
+GgufFile GgufFile::open(const std::string& path) { return GgufFile(FileBytes::map(path)); }
 
 GgufFile GgufFile::parse(std::span<const uint8_t> bytes, std::string_view origin) {
-  GgufFile f;
-  f.origin_ = origin;
-  f.parse_bytes(bytes);
-  return f;
+  return GgufFile(FileBytes::borrow(bytes, origin));
 }
 
+GgufFile::GgufFile(FileBytes source) : source_(std::move(source)) { parse_bytes(source_.bytes); }
+
 void GgufFile::parse_bytes(std::span<const uint8_t> bytes) {
-  Reader r(bytes, origin_);
+  Reader r(bytes, source_.origin);
 
   const uint32_t magic = r.read<uint32_t>("magic");
   if (magic != kGgufMagic) {
@@ -235,10 +222,10 @@ void GgufFile::parse_bytes(std::span<const uint8_t> bytes) {
       fail(ErrorKind::kUnsupported,
            "GGUF file '{}' is big-endian; pagoda reads little-endian "
            "GGUF only",
-           origin_);
+           source_.origin);
     }
     fail(ErrorKind::kUnsupported, "GGUF file '{}' has version {}; pagoda reads versions 2 and 3",
-         origin_, version_);
+         source_.origin, version_);
   }
   const uint64_t tensor_count = r.read<uint64_t>("tensor count");
   const uint64_t kv_count = r.read<uint64_t>("metadata count");
@@ -280,9 +267,7 @@ void GgufFile::parse_bytes(std::span<const uint8_t> bytes) {
     uint64_t numel = 1;
     for (uint32_t d = 0; d < n_dims; ++d) {
       const uint64_t dim = r.read<uint64_t>("tensor dimension");
-      if (dim > uint64_t(std::numeric_limits<int64_t>::max()) ||
-          __builtin_mul_overflow(numel, dim, &numel) ||
-          numel > uint64_t(std::numeric_limits<int64_t>::max())) {
+      if (!multiply_dim(numel, dim)) {
         r.corrupt("tensor '{}' dimensions at offset {} overflow 64 bits", t.name, dims_at);
       }
       t.dims.push_back(int64_t(dim));
@@ -342,7 +327,7 @@ const GgufValue* GgufFile::find(std::string_view key) const {
 
 const GgufValue& GgufFile::at(std::string_view key) const {
   const GgufValue* v = find(key);
-  if (!v) fail(ErrorKind::kNotFound, "missing metadata key '{}' in {}", key, origin_);
+  if (!v) fail(ErrorKind::kNotFound, "missing metadata key '{}' in {}", key, source_.origin);
   return *v;
 }
 

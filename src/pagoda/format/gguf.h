@@ -14,7 +14,7 @@
 #include <variant>
 #include <vector>
 
-#include "pagoda/core/mapped_file.h"
+#include "pagoda/format/file_bytes.h"
 #include "pagoda/format/ggml_type.h"
 
 namespace pagoda {
@@ -47,7 +47,7 @@ struct GgufTensorInfo {
   uint64_t nbytes = 0;
   const uint8_t* data = nullptr;  // view into the file's bytes
 
-  int64_t numel() const;
+  int64_t numel() const { return shape_numel(dims); }
 };
 
 class GgufFile {
@@ -59,7 +59,7 @@ class GgufFile {
 
   uint32_t version() const { return version_; }
   uint64_t alignment() const { return alignment_; }
-  const std::string& origin() const { return origin_; }
+  const std::string& origin() const { return source_.origin; }
 
   // Metadata in file order, and lookup by key.
   const std::vector<std::pair<std::string, GgufValue>>& metadata() const { return metadata_; }
@@ -77,11 +77,10 @@ class GgufFile {
   const GgufTensorInfo* find_tensor(std::string_view name) const;  // null when absent
 
  private:
-  GgufFile() = default;
+  explicit GgufFile(FileBytes source);  // parses source.bytes
   void parse_bytes(std::span<const uint8_t> bytes);
 
-  std::shared_ptr<MappedFile> file_;  // null when parsing caller-owned bytes
-  std::string origin_;
+  FileBytes source_;
   uint32_t version_ = 0;
   uint64_t alignment_ = 32;
   std::vector<std::pair<std::string, GgufValue>> metadata_;

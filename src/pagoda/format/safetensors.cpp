@@ -35,30 +35,17 @@ json parse_json(const char* begin, const char* end, std::string_view what,
 
 }  // namespace
 
-int64_t SafetensorsTensor::numel() const {
-  int64_t n = 1;
-  for (int64_t d : shape) n *= d;  // the parser checked that the product fits
-  return n;
-}
-
-SafetensorsFile SafetensorsFile::open(const std::string& path) {
-  SafetensorsFile f;
-  f.file_ = std::make_shared<MappedFile>(path);
-  f.origin_ = path;
-  f.parse_bytes(f.file_->bytes());
-  return f;
-}
+SafetensorsFile SafetensorsFile::open(const std::string& path) { return SafetensorsFile(FileBytes::map(path)); }
 
 SafetensorsFile SafetensorsFile::parse(std::span<const uint8_t> bytes, std::string_view origin) {
-  SafetensorsFile f;
-  f.origin_ = origin;
-  f.parse_bytes(bytes);
-  return f;
+  return SafetensorsFile(FileBytes::borrow(bytes, origin));
 }
+
+SafetensorsFile::SafetensorsFile(FileBytes source) : source_(std::move(source)) { parse_bytes(source_.bytes); }
 
 void SafetensorsFile::parse_bytes(std::span<const uint8_t> bytes) {
   auto corrupt = [&]<typename... Args>(fmt::format_string<Args...> format, Args&&... args) {
-    fail(ErrorKind::kCorrupt, "corrupt safetensors file '{}': {}", origin_,
+    fail(ErrorKind::kCorrupt, "corrupt safetensors file '{}': {}", source_.origin,
          fmt::format(format, std::forward<Args>(args)...));
   };
 
@@ -73,7 +60,7 @@ void SafetensorsFile::parse_bytes(std::span<const uint8_t> bytes) {
             bytes.size());
   }
   const char* header = reinterpret_cast<const char*>(bytes.data() + 8);
-  const json root = parse_json(header, header + header_len, "safetensors file", origin_);
+  const json root = parse_json(header, header + header_len, "safetensors file", source_.origin);
   if (!root.is_object()) corrupt("header is not a JSON object");
   const uint8_t* data = bytes.data() + 8 + header_len;
   const uint64_t data_size = bytes.size() - 8 - header_len;
@@ -108,7 +95,7 @@ void SafetensorsFile::parse_bytes(std::span<const uint8_t> bytes) {
       fail(ErrorKind::kUnsupported,
            "safetensors file '{}': tensor '{}' has dtype {}, which pagoda "
            "does not support (F32, F16, BF16, I32, I64, U8)",
-           origin_, name, dtype_name);
+           source_.origin, name, dtype_name);
     }
     t.dtype = *dtype;
     uint64_t numel = 1;
@@ -116,9 +103,7 @@ void SafetensorsFile::parse_bytes(std::span<const uint8_t> bytes) {
       if (!dim.is_number_unsigned())
         corrupt("tensor '{}' shape holds a non-integer or negative value", name);
       const uint64_t d = dim.get<uint64_t>();
-      if (d > uint64_t(std::numeric_limits<int64_t>::max()) ||
-          __builtin_mul_overflow(numel, d, &numel) ||
-          numel > uint64_t(std::numeric_limits<int64_t>::max())) {
+      if (!multiply_dim(numel, d)) {
         corrupt("tensor '{}' shape overflows 64 bits", name);
       }
       t.shape.push_back(int64_t(d));

@@ -14,7 +14,7 @@
 #include <vector>
 
 #include "pagoda/core/dtype.h"
-#include "pagoda/core/mapped_file.h"
+#include "pagoda/format/file_bytes.h"
 
 namespace pagoda {
 
@@ -25,7 +25,7 @@ struct SafetensorsTensor {
   const uint8_t* data = nullptr;  // view into the file's bytes
   uint64_t nbytes = 0;
 
-  int64_t numel() const;
+  int64_t numel() const { return shape_numel(shape); }
 };
 
 class SafetensorsFile {
@@ -37,7 +37,7 @@ class SafetensorsFile {
   static SafetensorsFile parse(std::span<const uint8_t> bytes,
                                std::string_view origin = "<memory>");
 
-  const std::string& origin() const { return origin_; }
+  const std::string& origin() const { return source_.origin; }
   // Tensors in the header's order, and lookup by name.
   const std::vector<SafetensorsTensor>& tensors() const { return tensors_; }
   const SafetensorsTensor* find(std::string_view name) const;  // null when absent
@@ -45,11 +45,10 @@ class SafetensorsFile {
   const std::vector<std::pair<std::string, std::string>>& metadata() const { return metadata_; }
 
  private:
-  SafetensorsFile() = default;
+  explicit SafetensorsFile(FileBytes source);  // parses source.bytes
   void parse_bytes(std::span<const uint8_t> bytes);
 
-  std::shared_ptr<MappedFile> file_;  // null when parsing caller-owned bytes
-  std::string origin_;
+  FileBytes source_;
   std::vector<SafetensorsTensor> tensors_;
   std::unordered_map<std::string, size_t> index_;
   std::vector<std::pair<std::string, std::string>> metadata_;

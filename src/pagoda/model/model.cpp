@@ -150,10 +150,8 @@ StepBatch Model::plan_step(std::span<const SequenceChunk> chunks) {
       step.logit_rows.push_back(r);
     }
   };
-  // auto: prefix-aware where the batch shares blocks. Replayed as CUDA graphs like paged steps,
-  // Llama-3-8B's decode steps of 64 sequences on an H100 took 1-2% longer prefix-aware where
-  // nothing was shared (the planning's host time, mostly), and 19% less where the prompts shared
-  // 2048 of 2560 tokens (bench/results/nvidia-h100-80gb-hbm3/engine_attention/).
+  // auto: prefix-aware where the batch shares blocks: there it reads the shared KV once, and where
+  // nothing is shared its planning only costs host time (docs/experiments/engine.md).
   if (prefix_planner_ &&
       (attention_mode_ == LoadOptions::Attention::kPrefix || shares_blocks(step.decode_batch))) {
     step.prefix_plan = &prefix_planner_->plan(step.decode_batch);  // of the real rows, not the padding

@@ -6,8 +6,8 @@
 #include <cstring>
 #include <new>
 
-#include "pagoda/attention/cpu_executor.h"
-#include "pagoda/attention/prefill_cpu.h"
+#include "pagoda/backend/cpu/decode_attention.h"
+#include "pagoda/backend/cpu/prefill_attention.h"
 #include "pagoda/backend/cpu/elementwise.h"
 #include "pagoda/backend/cpu/matmul.h"
 #include "pagoda/core/error.h"
@@ -70,7 +70,7 @@ void CpuBackend::add_rms_norm(Tensor x, const Tensor& y, const Tensor& weight, f
 
 size_t CpuBackend::allocate_kv_cache(const kv::KvCacheConfig& config) {
   cache_.reset();  // free the old cache before allocating the new one
-  cache_ = std::make_unique<kv::KvCache>(config);
+  cache_ = std::make_unique<cpu::KvCache>(config);
   return cache_->nbytes();
 }
 
@@ -105,16 +105,16 @@ void CpuBackend::attention(int layer, const StepBatch& step, const Tensor& q, Te
   const PagedKv pool = cache_->layer(layer);
   for (int32_t index : step.prefill_seqs) {
     const SequenceStep& s = step.sequences[size_t(index)];
-    attention::prefill_attention_cpu(shape, pool, s.block_ids, s.start_pos, s.num_new,
+    cpu::prefill_attention_cpu(shape, pool, s.block_ids, s.start_pos, s.num_new,
                                      q.ptr<float>() + s.row_begin * q_width,
                                      out.ptr<float>() + s.row_begin * q_width);
   }
   // Decode rows lead the step: q and out rows [0, num_seqs) are the plan's sequences.
   if (step.decode_batch.num_seqs() == 0) return;
   if (step.prefix_plan) {
-    attention::run_prefix_cpu(*step.prefix_plan, step.decode_batch, shape, pool, q.ptr<float>(), out.ptr<float>());
+    cpu::run_prefix_cpu(*step.prefix_plan, step.decode_batch, shape, pool, q.ptr<float>(), out.ptr<float>());
   } else {
-    attention::run_decode_cpu(step.decode_plan, step.decode_batch, shape, pool, q.ptr<float>(), out.ptr<float>());
+    cpu::run_decode_cpu(step.decode_plan, step.decode_batch, shape, pool, q.ptr<float>(), out.ptr<float>());
   }
 }
 

@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "pagoda/backend/backend.h"
+#include "pagoda/backend/cpu/kv_cache.h"
 
 namespace pagoda {
 
@@ -37,7 +38,7 @@ class CpuBackend final : public Backend {
   std::optional<PrefixPlanning> prefix_planning(const attention::AttentionShape& shape) const override;
 
  private:
-  std::unique_ptr<kv::KvCache> cache_;
+  std::unique_ptr<cpu::KvCache> cache_;
   std::vector<float> k_scratch_, v_scratch_;  // [rows, kv_heads, head_dim]
 };
 

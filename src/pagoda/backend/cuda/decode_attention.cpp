@@ -106,11 +106,7 @@ void decode_attention(DecodeWorkspace& workspace, const attention::AttentionShap
       .evict_first = options.evict_first,
       .prefetch_distance = options.prefetch_distance,
   };
-  if (options.kernel == DecodeKernel::kGroupTiled) {
-    launch_decode_tiled(kv.dtype, shape.head_dim, params, num_items, stream);
-  } else {
-    launch_decode_paper_baseline(kv.dtype, shape.head_dim, params, num_items, stream);
-  }
+  options.launch(kv.dtype, shape.head_dim, params, num_items, stream);
   merge_partial_states(workspace.merges.data(), int(workspace.merges.size()), workspace.max_partials, 1, 0,
                        shape.group_size(), shape.num_q_heads, shape.head_dim, workspace.partial_o.data(),
                        workspace.partial_lse.data(), kv.dtype, out, lse, stream);

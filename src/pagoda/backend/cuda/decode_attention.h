@@ -1,14 +1,10 @@
 // Decode attention on the GPU: runs a DecodePlan (attention/plan.h) over one layer's paged KV
-// pools, then the plan's merges. Two kernels execute the same work items:
-//   kGroupTiled     the production kernel. One CTA per work item reads each KV block once for
-//                   all query heads of its GQA group: tensor-core S = K q^T and O = V^T P,
-//                   a multi-stage cp.async pipeline, fp32 online softmax.
-//   kPaperBaseline  the structure of papers/l2-prefetch-kv-cache.txt (vLLM's xFormers-era paged
-//                   kernel): one CTA per (work item, query head), its 4 warps taking every 4th
-//                   KV block, CUDA-core dot products, no GQA sharing. Kept to measure the
-//                   paper's claim here.
-// Both can prefetch upcoming KV blocks into L2 (cp.async.bulk.prefetch.L2) and mark streamed KV
-// evict_first; DecodeOptions::l2_prefetch and evict_first switch each, for ablation.
+// pools, then the plan's merges. The group-tiled kernel executes the work items: one CTA per work
+// item reads each KV block once for all query heads of its GQA group (tensor-core S = K q^T and
+// O = V^T P, a multi-stage cp.async pipeline, fp32 online softmax). It can prefetch upcoming KV
+// blocks into L2 (cp.async.bulk.prefetch.L2) and mark streamed KV evict_first; DecodeOptions
+// switches each, for ablation. A benchmark may run its own kernel over the same items
+// (DecodeOptions::launch; bench/per_head_decode.h).
 #pragma once
 
 #include <cuda_runtime.h>
@@ -18,23 +14,21 @@
 #include "pagoda/attention/decode_batch.h"
 #include "pagoda/attention/plan.h"
 #include "pagoda/backend/cuda/device_array.h"
+#include "pagoda/backend/cuda/kernels/decode_launch.h"
 #include "pagoda/core/paged_kv.h"
 
 namespace pagoda::cuda {
 
-enum class DecodeKernel : uint8_t { kGroupTiled, kPaperBaseline };
-
 struct DecodeOptions {
-  DecodeKernel kernel = DecodeKernel::kGroupTiled;
-  // Prefetch upcoming blocks into L2 (cp.async.bulk.prefetch.L2); kGroupTiled prefetches HND
+  DecodeLauncher launch = launch_decode_tiled;  // the kernel that runs the work items
+  // Prefetch upcoming blocks into L2 (cp.async.bulk.prefetch.L2); the tiled kernel prefetches HND
   // pools only. Off by default: the tiled kernel's cp.async pipeline already keeps enough bytes
-  // in flight, and on an H200 the prefetch made it 10-15% slower (bench/results/nvidia-h200).
+  // in flight, and the prefetch slowed it (docs/experiments/decode-attention.md).
   bool l2_prefetch = false;
   bool evict_first = true;  // load KV with an evict_first L2 policy: read once, leave first
-  int32_t prefetch_distance = 0;  // how far ahead, in 64-token tiles past the one computed
-                                  // (kGroupTiled; at least its pipeline depth, 2-4, which the
-                                  // cp.async loads already cover) or in per-warp blocks
-                                  // (kPaperBaseline); 0: the tuned default
+  int32_t prefetch_distance = 0;  // how far ahead, in the kernel's units (the tiled kernel's: 64-token
+                                  // tiles past the one computed, at least its pipeline depth, 2-4,
+                                  // which the cp.async loads already cover); 0: the tuned default
 };
 
 // What a decode step's kernels read from device memory, uploaded once per step and shared by
@@ -59,7 +53,7 @@ struct DecodeWorkspace {
 };
 
 // The workers plan_decode should fill for this shape on the current device: multiprocessors x
-// resident CTAs of the kGroupTiled kernel.
+// resident CTAs of the group-tiled kernel.
 attention::DeviceInfo decode_device_info(const attention::AttentionShape& shape, DType dtype);
 
 // Null when the kernels support this shape and KV dtype (f16 or bf16, head_dim 64, 128 or 256,

@@ -7,8 +7,8 @@
 // decode steps it replays as graphs: a few batch sizes, run thousands of times) and m <= 256, the
 // first call times up to 32 of cuBLASLt's heuristic picks on the real operands, from a cold L2,
 // and keeps the fastest: there the GEMM is bound by reading w once, and the heuristic's top
-// pick was measured reading Llama-3-8B's projections at 55-81% of the H200's bandwidth (it
-// leaves SMs idle on some shapes and adds split-K reductions on others). Larger m (prefill) takes
+// pick falls well short of that bound (it leaves SMs idle on some shapes and adds split-K
+// reductions on others; docs/experiments/engine.md). Larger m (prefill) takes
 // the top pick: compute-bound tiles are what the heuristic models well, and prefill chunk sizes
 // vary too much to time each.
 #pragma once

@@ -5,9 +5,8 @@
 // 128-byte swizzle: 16-byte chunk c of a token's 128 bytes at c ^ (token % 8). Encoded on the
 // host (cuTensorMapEncodeTiled) and passed to a kernel as a __grid_constant__ parameter.
 //
-// An encoding costs about 0.13 µs of host time (an H100 machine's CPU), and a pool does not move
-// once the KV cache is allocated: its owner encodes a layer's two maps once (kv_tensor_maps), not
-// at every launch.
+// An encoding costs host time, and a pool does not move once the KV cache is allocated: its owner
+// encodes a layer's two maps once (kv_tensor_maps), not at every launch.
 #pragma once
 
 #include <cuda.h>

@@ -153,7 +153,7 @@ __global__ void __launch_bounds__(kWarps * 32, 4)
 
 // A warp per row while a row has a few batches of partials, more for long splits. A small merge
 // (a batch of a few sequences split into many pieces) is all latency: it gets a warp per batch,
-// as long as that keeps it within one wave (an H100 holds 4224 of these warps).
+// as long as that keeps it within one wave (a large GPU holds a few thousand of these warps).
 int merge_warps_per_row(int num_merges, int heads_per_task, int group, int head_dim, int max_partials) {
   constexpr int64_t kSmallMergeWarps = 4096;
   const int64_t num_rows = int64_t(num_merges) * heads_per_task * group;

@@ -3,7 +3,7 @@
 // first), so a query at position p reads pool tokens [0, p] of its sequence: a chunk that starts
 // at start_pos > 0 (a later chunk of a chunked prefill, or the first after a prefix-cache hit)
 // reads its cached prefix exactly as it reads its new tokens. Same semantics as
-// attention::prefill_attention_cpu.
+// cpu::prefill_attention_cpu.
 //
 // The kernel (kernels/prefill_tiled.cuh) is FlashAttention-2 style: one CTA per (query tile, kv
 // head), tensor cores (mma.sync m16n8k16), fp32 online softmax, K/V streamed in 64-token tiles.

@@ -306,9 +306,8 @@ PrefixSchedule prefix_schedule(const std::vector<KernelUnit>& units, int32_t num
   // CTA's cost. The least load never falls (an item adds its cost, >= 0, to it), so the CTAs wait
   // in buckets by load: a ring of max_cost + 1 of them holds every load from the least on, and a
   // bucket's CTAs are put in order of index once the least load reaches it: a priority queue's
-  // order in time linear in the items. A heap of the CTAs took 1.5-5x as long (2048 items of 32 kv
-  // heads: 55 against 35 us on the development machine, 4096: 330 against 70), and it was the
-  // largest part of a prefix step's own host work in the engine (the H100 README, thirtieth session).
+  // order in time linear in the items. A heap of the CTAs took several times as long, and was the
+  // largest part of a prefix step's own host work in the engine (docs/experiments/engine.md).
   using Assignment = std::vector<std::pair<int32_t, int32_t>>;
   std::vector<int32_t> bucket_first, next_in_bucket, least_loaded;
   auto deal = [&](int32_t ctas, Assignment& assigned) {
@@ -350,14 +349,10 @@ PrefixSchedule prefix_schedule(const std::vector<KernelUnit>& units, int32_t num
   };
   PrefixSchedule schedule;
   schedule.ctas = int32_t(std::min<int64_t>(num_items, std::max(workers, 1)));
-  // Items that fill whole rounds of fewer CTAs that finish as early go to those. 256 items of one
-  // cost on 132 CTAs leave 8 of them idle for the second round, and on three of four H100s the
-  // other 124 did not go faster for it. On 128 CTAs, 1,8,512_32,2048,256 at 32 kv heads took
-  // 808-810 us against 815-828 on 132, and 8,16,32,256_512,512,256,32 160-162 against 162-164
-  // (the fourth H100: 0.1-0.6% slower); 256_4096's 2048 items at 8 kv heads, left whole for it
-  // (prefix_plan.cpp's split), 1413-1418 against 1425-1428 cut into 6144. Fewer CTAs for items of
-  // many costs in many rounds measured slower (2,8,16,256_256,256,32,32 at 8 kv heads, 1184 items
-  // on 126 CTAs: 29.1 -> 30.5 us), so only whole rounds count.
+  // Items that fill whole rounds of fewer CTAs that finish as early go to those: 256 items of one
+  // cost on 132 CTAs leave 8 of them idle for the second round, and the other 124 do not go faster
+  // for it, while fewer CTAs in full rounds do. Fewer CTAs for items of many costs in many rounds
+  // were slower, so only whole rounds count (docs/experiments/prefix-attention.md).
   Assignment assigned, fewer;
   std::vector<int32_t> count;  // items per CTA
   auto most_items = [&](const Assignment& a, int32_t ctas) {

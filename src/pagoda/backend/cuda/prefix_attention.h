@@ -62,8 +62,8 @@ const char* prefix_unsupported_reason(const attention::AttentionShape& shape, co
 // the previous one's. Two consecutive units of at most 32 tokens each, with at most
 // one_tile_rows query rows together (short private leaves; short shared nodes of a few queries),
 // become one pair sharing a 64-token KV tile: the loading and computing warps' work per tile is
-// much the same for 32 tokens as for 64, and a tile of 32 reached 0.62 of the bandwidth at
-// 1024 x 32 tokens on an H100 where one of 64 reached 0.91. Only with blocks of at most 32
+// much the same for 32 tokens as for 64, so a half-full tile reaches far less of the bandwidth
+// (docs/experiments/prefix-attention.md). Only with blocks of at most 32
 // tokens (a tile holds whole blocks of each unit). A unit of one tile (at most 64 tokens) with
 // more than one_tile_rows rows is cut into units of at most that many, each reading the tile: a
 // stage holds the Q rows of one tile's item, and a longer item's further rows ride with its
@@ -82,12 +82,10 @@ KernelUnits kernel_units(const attention::PrefixPlan& plan, std::span<const int3
 // An item's cost for the schedule, in quarter tiles: its 64-token tiles (a pair's one), each
 // weighed by the rows computed on it, and its tail tiles as tiles of few rows. A tile of at most
 // 32 rows takes the time its KV takes to arrive (4); 64 rows of math take longer (5), 128 rows
-// on eight warps longer still (6). The weights are relative tile times fitted on an H100: of the
-// weightings tried on the prefix-tree batches, this one gave the highest geometric mean of the
-// bound (bench/results' README; refitted after the thirteenth session's cheaper softmax step,
-// from 6 and 7). An item of more than one tile and at most 32 rows costs a tile more: its warps
-// ⊕ their states at its end. On an H100 a CTA of eight such items of two tiles ended 4 µs after
-// the CTAs of one 16-tile item (2,4,8,16_128,128,128,1024 at 8 kv heads: 40 -> 36.6 µs with it).
+// on eight warps longer still (6). The weights are relative tile times: of the weightings tried
+// on the prefix-tree batches, this one gave the highest geometric mean of the bound
+// (docs/experiments/prefix-attention.md). An item of more than one tile and at most 32 rows costs
+// a tile more: its warps ⊕ their states at its end, which otherwise leaves its CTA finishing last.
 int64_t prefix_item_cost(const KernelUnit& u);
 
 // Which CTA of the persistent grid runs which item (kernel unit x kv head): longest processing
@@ -130,8 +128,8 @@ struct PrefixWorkspace {
   // 2^30 slots, or more merge tasks than graph_rows.
   // graph_rows > 0: a step replayed as a CUDA graph of that many rows (StepBatch::graph_rows).
   // Its grid is the workers, and its merge tasks (at most one per sequence) are padded to
-  // graph_rows with tasks that write nothing. Otherwise the grid is the CTAs with items: on an
-  // H100, 128 CTAs in a grid of 132 ran 1% slower than alone (bench/results).
+  // graph_rows with tasks that write nothing. Otherwise the grid is the CTAs with items: idle CTAs
+  // in the grid slow the others (docs/experiments/prefix-attention.md).
   void upload(const attention::PrefixPlan& plan, const attention::DecodeBatch& batch,
               const attention::AttentionShape& shape, const PrefixTiles& tiles, cudaStream_t stream = nullptr,
               int32_t graph_rows = 0);

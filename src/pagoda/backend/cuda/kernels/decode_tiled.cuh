@@ -16,7 +16,8 @@
 // Shared memory rows are head_dim * 2 bytes; 16-byte chunk c of row r is stored at chunk
 // c ^ (r % 8), so that the 8 row addresses of each ldmatrix fall in 8 distinct bank groups.
 //
-// L2 prefetch (papers/l2-prefetch-kv-cache.txt): while tile i is computed, tile
+// L2 prefetch ("Accelerating LLM Inference Throughput via Asynchronous KV Cache Prefetching",
+// arXiv:2504.06319): while tile i is computed, tile
 // i + prefetch_distance is requested into L2 with cp.async.bulk.prefetch.L2, one instruction per
 // warp and K or V (HND pools); the cp.async that later reads it is marked evict_first
 // (DecodeParams turns each off separately, for ablation).
@@ -208,7 +209,7 @@ __global__ void __launch_bounds__(DecodeTiledConfig<kHeadDim>::kThreads)
   }
   int32_t ids[kRowsPerThread];
   // Not unrolled: unrolled, ptxas 13.0 gave the prologue's evict_first copies an odd uniform
-  // register as their cache-policy descriptor, and they faulted (illegal instruction, H200).
+  // register as their cache-policy descriptor, and they faulted (an illegal instruction).
 #pragma unroll 1
   for (int stage = 0; stage < C::kStages - 1; ++stage) {
     read_tile_blocks(stage, ids);

@@ -1,4 +1,4 @@
-// prefix_tiled_kernel: prefix-aware decode attention (papers/pat-prefix-aware-attention.txt), the
+// prefix_tiled_kernel: prefix-aware decode attention (the PAT paper, arXiv:2511.22333), the
 // executor of a PrefixPlan. A persistent grid: CTA c runs the items the schedule gives it
 // (prefix_schedule: longest processing time first), in order, and its K/V pipeline flows across
 // item boundaries, so a CTA whose items are short (a 32-token private tail) never waits for a
@@ -22,7 +22,7 @@
 // 4 / warps_m warps of one row block split the tile's tokens. M = 128 halves the times a node
 // read by many queries streams through the SM at GQA groups of 4 and 8 (each chunk of rows reads
 // it again); with 4 warps, the other 4 pass the stages by (two warps of one scheduler splitting
-// a tile's tokens, or taking its tiles in turn, measured slower: the ⊕ and its barriers cost more
+// a tile's tokens, or taking its tiles in turn, was slower: the ⊕ and its barriers cost more
 // than the second warp's latency hiding gave). Each warp keeps its own online-softmax state (exp2
 // domain, rescaled lazily: online_softmax.cuh); at the end of an item the warps of a row block
 // merge with ⊕ through shared memory and write the output rows, or the partial states the
@@ -31,7 +31,7 @@
 // four such items proceed at once, and none waits on a barrier. A one-tile item of 17-32 rows
 // (a small node) goes the same way to two warps, 0-1 or 2-3 by stage, each owning 16 rows
 // and the whole tile: no ⊕, whose barrier would wait for all four warps to be done with their
-// earlier stages (7-8% of `1,16,32,...` 32/8 on an H100).
+// earlier stages (docs/experiments/prefix-attention.md).
 //
 // Warp roles. Four more warps, the producers, only move data (and give the consumers their
 // registers: setmaxnreg): they run up to kStages tiles ahead of the computing warps (the
@@ -112,9 +112,8 @@ struct PrefixTiledConfig {
   static constexpr int kQBytes = kStageQRows * kRowBytes;
   static constexpr int kStageBytes = 2 * kKvTileBytes + kQBytes;
   static constexpr int kStages = 4;
-  // Tiles between the producer's metadata reads and its copies: 3 measured 1% faster than 4 over
-  // the prefix-tree batches on an H100 (6: 1% slower; 2: as fast, but slower at 256 x 4K 32/32),
-  // and 1% faster than 4 or 5 on an H200, when K and V still came by cp.async. A commit group
+  // Tiles between the producer's metadata reads and its copies: 3 was the fastest over the
+  // prefix-tree batches (docs/experiments/prefix-attention.md). A commit group
   // holds a tile's cp.async (Q rows, partial groups) and the metadata reads issued after them, so
   // waiting for a tile's metadata waits for those kLookahead tiles back too; the tensor copies
   // are outside the groups.
@@ -186,9 +185,8 @@ __global__ void __launch_bounds__(PrefixTiledConfig<kHeadDim>::kThreads, 1)
 
   // The look-ahead's first units are fetched into L1, and the tensor maps into the descriptor
   // cache, while the barriers are set up. The units' round trip is the first link of the chain of
-  // dependent steps that ends at the CTA's first tile (a launch of one block: 7.8-8.2 -> 7.5-7.9
-  // us on an H100). Loads here instead would keep their 22 registers live across the set-up and
-  // spill.
+  // dependent steps that ends at the CTA's first tile, which a short launch waits on. Loads here
+  // instead would keep their 22 registers live across the set-up and spill.
   if (warp == C::kConsumerWarps) {
     if (lane == 0) {
       ptx::prefetch_tensor_map(&p.k_map);
@@ -266,8 +264,8 @@ __global__ void __launch_bounds__(PrefixTiledConfig<kHeadDim>::kThreads, 1)
       // KV other items read too (kv_shared) comes from L2 for all but the first of them: its tiles
       // are spread evenly among the item's tail tiles, which come from DRAM, so that the CTAs
       // reading one node together keep asking DRAM for bytes at its rate rather than first idling
-      // it on the node and then all wanting their tails (1,8,512_32,2048,256 at 16/8, its units
-      // dealt into two row chunks: 223 -> 208 us on an H100). An item starts with its first two
+      // it on the node and then all wanting their tails (docs/experiments/prefix-attention.md).
+      // An item starts with its first two
       // shared tiles, or its only one: a shared tile's `tile` is its index among them, a tail
       // tile's its place in the item, and `tile` 0 and 1 carry the item's Q rows.
       const int tails_done = ahead_tile - ahead_shared;

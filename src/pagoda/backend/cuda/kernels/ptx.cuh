@@ -89,7 +89,7 @@ __device__ __forceinline__ void mbarrier_expect_tx(uint32_t bar, uint32_t bytes)
 // by a CUtensorMap kernel parameter (__grid_constant__), into shared memory, and completes its
 // bytes on mbarrier `bar`. The box lands swizzled as its map says. The L2 policy is part of the
 // instruction text, one function each: ptxas 13.0 miscompiled a policy register chosen between
-// two (cp.async, illegal instruction on an H100), so no call site ever selects one.
+// two (cp.async: an illegal instruction), so no call site ever selects one.
 // evict_last: other CTAs of the launch read these bytes too, so they should outlive the streamed
 // rest; evict_first: read once, the first lines L2 gives up.
 #define PAGODA_TMA_LOAD_5D(policy)                                                                           \

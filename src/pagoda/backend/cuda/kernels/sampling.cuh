@@ -14,11 +14,9 @@
 // All weights are integers, so every sum is exact and independent of the order in which the
 // threads add: a row gives the same token on every run, in every batch.
 //
-// Cost (H200, 64 rows x 128256, one CTA per row): greedy 19 us (one read); T = 1 and no filter
-// 87 us; top-k 40: 346 us; top-p 0.9: 648 us; the CLI's defaults (T 0.8, k 40, p 0.95, min-p
-// 0.05): 720 us, against 2.0-2.6 ms to download the logits alone. Each pass divides and keys all
-// of the row (compute-bound, not memory-bound); the next step is to compact the few candidates
-// that survive top-k (or the top-p bound) into shared memory and run the later passes there.
+// Sampling on the device costs less than downloading the logits would (docs/experiments/engine.md).
+// Each pass divides and keys all of the row (compute-bound, not memory-bound), so filters that
+// need more passes (top-k, top-p) cost more than greedy's one read.
 #pragma once
 
 #include <cuda_runtime.h>

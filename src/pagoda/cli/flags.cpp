@@ -1,0 +1,50 @@
+#include "pagoda/cli/flags.h"
+
+#include "pagoda/core/error.h"
+
+namespace pagoda::cli {
+
+void add_model_flags(CLI::App& app, ModelFlags& flags) {
+  app.add_option("-m,--model", flags.path, "GGUF file or Hugging Face folder (default: SmolLM2-135M-Instruct)");
+  app.add_option("--backend", flags.backend, "cpu, cuda, or auto (default: cuda when a GPU is present)");
+  app.add_option("--weight-dtype", flags.weight_dtype,
+                 "storage of quantized weights: auto (default: f16, bf16 for a bf16 checkpoint), f16, bf16 or f32; on "
+                 "the GPU, of every weight and activation");
+  app.add_option("--attention", flags.attention,
+                 "decode attention: paged (a work item per sequence), prefix (prefix-aware packing: blocks the "
+                 "batch shares are read once), or auto (default: prefix when the step's sequences share blocks)");
+  app.add_flag("--enforce-eager", flags.enforce_eager,
+               "on the GPU, launch every op at every step instead of replaying decode steps as CUDA graphs");
+  app.add_option("-t,--threads", flags.threads, "CPU threads (default: all cores)");
+  app.add_option("--kv-memory-mb", flags.kv_memory_mb, "memory for the KV cache in MiB (default 1024)");
+  app.add_option("--max-batch", flags.max_batch, "sequences in flight (default 16)");
+  app.add_option("--step-tokens", flags.step_tokens, "tokens per forward pass, for chunked prefill (default 512)");
+}
+
+void add_sampling_flags(CLI::App& app, SamplingParams& params) {
+  params.temperature = 0.8f;
+  params.top_k = 40;
+  params.top_p = 0.95f;
+  params.min_p = 0.05f;
+  app.add_option("-n,--max-tokens", params.max_tokens, "most tokens to generate");
+  app.add_option("--temp,--temperature", params.temperature, "sampling temperature; 0 is greedy (default 0.8)");
+  app.add_option("--top-k", params.top_k, "keep the k most likely tokens; 0 is off (default 40)");
+  app.add_option("--top-p", params.top_p, "nucleus sampling mass in (0, 1] (default 0.95)");
+  app.add_option("--min-p", params.min_p, "drop tokens below min-p x the top probability (default 0.05)");
+  app.add_option("--repeat-penalty", params.repetition_penalty, "repetition penalty; 1 is off (default 1)");
+  app.add_option("--presence-penalty", params.presence_penalty, "OpenAI presence penalty in [-2, 2]");
+  app.add_option("--frequency-penalty", params.frequency_penalty, "OpenAI frequency penalty in [-2, 2]");
+  app.add_option("-s,--seed", params.seed, "random seed (default: random)");
+  app.add_option("--stop", params.stop, "stop string (repeatable)");
+  app.add_flag("--ignore-eos", params.ignore_eos, "keep generating past the end-of-sequence token");
+}
+
+ChatTemplate choose_chat_template(const std::string& name, const Tokenizer& tokenizer) {
+  if (!name.empty()) return chat_template_by_name(name);
+  if (auto detected = detect_chat_template(tokenizer.chat_template_text())) return *detected;
+  fail(ErrorKind::kUnsupported,
+       "the model's chat template is not one pagoda recognises; choose one with --chat-template "
+       "chatml|llama3|llama2");
+}
+
+}  // namespace pagoda::cli

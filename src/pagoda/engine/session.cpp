@@ -1,0 +1,84 @@
+#include "pagoda/engine/session.h"
+
+#include <omp.h>
+
+#include <filesystem>
+
+#include "pagoda/backend/cpu/cpu_backend.h"
+#include "pagoda/core/error.h"
+#include "pagoda/core/default_model.h"
+#include "pagoda/format/gguf.h"
+#ifdef PAGODA_HAVE_CUDA
+#include "pagoda/backend/cuda/check.h"
+#include "pagoda/backend/cuda/cuda_backend.h"
+#endif
+
+namespace pagoda {
+namespace {
+
+Tokenizer load_tokenizer(const Checkpoint& checkpoint) {
+  if (checkpoint.gguf()) return Tokenizer::from_gguf(*checkpoint.gguf());
+  namespace fs = std::filesystem;
+  const fs::path path = fs::is_directory(checkpoint.path()) ? fs::path(checkpoint.path())
+                                                            : fs::path(checkpoint.path()).parent_path();
+  return Tokenizer::from_json_file((path / "tokenizer.json").string());
+}
+
+// --weight-dtype: auto is f16, except that a bf16 checkpoint stays bf16 (its values may not fit
+// f16's range, which the GPU backend would otherwise convert every weight and activation to).
+DType parse_weight_dtype(const std::string& name, const Checkpoint& checkpoint) {
+  if (name == "f32") return DType::kF32;
+  if (name == "f16") return DType::kF16;
+  if (name == "bf16") return DType::kBF16;
+  if (name == "auto")
+    return checkpoint.get("model.embed_tokens.weight").type == GgmlType::kBF16 ? DType::kBF16 : DType::kF16;
+  fail(ErrorKind::kInvalidArgument, "--weight-dtype must be auto, f32, f16 or bf16, not '{}'", name);
+}
+
+}  // namespace
+
+std::unique_ptr<Backend> make_backend(const std::string& name, DType dtype, bool graphs) {
+  if (name != "auto" && name != "cpu" && name != "cuda")
+    fail(ErrorKind::kInvalidArgument, "--backend must be auto, cpu or cuda, not '{}'", name);
+#ifdef PAGODA_HAVE_CUDA
+  if (name == "cuda" || (name == "auto" && cuda::device_available())) {
+    if (dtype == DType::kF32) {
+      if (name == "cuda") fail(ErrorKind::kInvalidArgument, "the CUDA backend runs f16 or bf16 weights, not f32");
+      return std::make_unique<CpuBackend>();
+    }
+    return std::make_unique<CudaBackend>(dtype, CudaBackendOptions{.graphs = graphs});
+  }
+#else
+  (void)graphs;
+  if (name == "cuda") fail(ErrorKind::kUnsupported, "--backend cuda: this pagoda was built without CUDA");
+#endif
+  return std::make_unique<CpuBackend>();
+}
+
+Session::Session(const ModelFlags& flags)
+    : checkpoint(Checkpoint::open(flags.path.empty() ? default_model_path() : flags.path)),
+      tokenizer(load_tokenizer(checkpoint)) {
+  if (flags.threads < 0 || flags.threads > 1024) fail(ErrorKind::kInvalidArgument, "--threads must be in [0, 1024]");
+  if (flags.threads > 0) omp_set_num_threads(flags.threads);
+  if (flags.kv_memory_mb < 1 || flags.kv_memory_mb > (1 << 22))
+    fail(ErrorKind::kInvalidArgument, "--kv-memory-mb must be in [1, 4194304]");
+  if (flags.max_batch < 1 || flags.max_batch > 4096) fail(ErrorKind::kInvalidArgument, "--max-batch must be in [1, 4096]");
+  if (flags.step_tokens < 1 || flags.step_tokens > 65536)
+    fail(ErrorKind::kInvalidArgument, "--step-tokens must be in [1, 65536]");
+  const DType weight_dtype = parse_weight_dtype(flags.weight_dtype, checkpoint);
+  LoadOptions::Attention attention = LoadOptions::Attention::kAuto;
+  if (flags.attention == "paged") {
+    attention = LoadOptions::Attention::kPaged;
+  } else if (flags.attention == "prefix") {
+    attention = LoadOptions::Attention::kPrefix;
+  } else if (flags.attention != "auto") {
+    fail(ErrorKind::kInvalidArgument, "--attention must be auto, paged or prefix, not '{}'", flags.attention);
+  }
+  backend = make_backend(flags.backend, weight_dtype, !flags.enforce_eager);
+  model = std::make_unique<Model>(checkpoint, *backend, LoadOptions{.weight_dtype = weight_dtype, .attention = attention});
+  engine_options = EngineOptions{.kv_memory_bytes = size_t(flags.kv_memory_mb) << 20,
+                                 .max_batch = flags.max_batch,
+                                 .max_step_tokens = flags.step_tokens};
+}
+
+}  // namespace pagoda

@@ -1,0 +1,45 @@
+// A loaded model ready to serve: its checkpoint, tokenizer, backend (CPU or CUDA) and the engine
+// options its flags ask for. Every command that runs a model (generate, chat, serve, the engine
+// benchmarks) starts from one.
+#pragma once
+
+#include <memory>
+#include <string>
+
+#include "pagoda/backend/backend.h"
+#include "pagoda/engine/engine.h"
+#include "pagoda/model/checkpoint.h"
+#include "pagoda/model/model.h"
+#include "pagoda/tokenizer/tokenizer.h"
+
+namespace pagoda {
+
+// The values of the flags that choose and load a model (cli/flags.h declares them).
+struct ModelFlags {
+  std::string path;  // empty: the default model
+  std::string backend = "auto";  // cpu, cuda, or auto: cuda when built with it and a GPU is present
+  std::string weight_dtype = "auto";  // f16, bf16, f32, or auto: f16, but bf16 for a bf16 checkpoint
+  std::string attention = "auto";     // auto, paged or prefix (LoadOptions::Attention)
+  bool enforce_eager = false;         // the GPU launches every op at every step: no CUDA graphs
+  int threads = 0;   // 0: all cores
+  int kv_memory_mb = 1024;
+  int max_batch = 16;
+  int step_tokens = 512;
+};
+
+// The backend --backend names; on the GPU, dtype is the type of weights, activations and KV, and
+// graphs whether decode steps are replayed as CUDA graphs.
+std::unique_ptr<Backend> make_backend(const std::string& name, DType dtype, bool graphs = true);
+
+struct Session {
+  // Throws Error(kInvalidArgument) for a flag out of range, and what loading the checkpoint throws.
+  explicit Session(const ModelFlags& flags);
+
+  std::unique_ptr<Backend> backend;
+  Checkpoint checkpoint;
+  Tokenizer tokenizer;
+  std::unique_ptr<Model> model;
+  EngineOptions engine_options;
+};
+
+}  // namespace pagoda

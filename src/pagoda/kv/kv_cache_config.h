@@ -1,0 +1,23 @@
+// KvCacheConfig: the shape of a backend's K and V pools for every layer, addressed by the block
+// ids of a BlockPool of the same num_blocks. The CPU backend's pools are backend/cpu/kv_cache.h;
+// the GPU backend's are device memory of the same layout.
+#pragma once
+
+#include <cstdint>
+
+#include "pagoda/core/dtype.h"
+#include "pagoda/core/paged_kv.h"
+
+namespace pagoda::kv {
+
+struct KvCacheConfig {
+  int32_t num_layers = 0;
+  int32_t num_blocks = 0;
+  int32_t block_size = 16;  // tokens per block
+  int32_t num_kv_heads = 0;
+  int32_t head_dim = 0;
+  DType dtype = DType::kF32;  // f32, f16 or bf16
+  KvLayout layout = KvLayout::kHnd;
+};
+
+}  // namespace pagoda::kv
