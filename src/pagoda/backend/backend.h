@@ -147,7 +147,8 @@ class Backend {
   // runs it and captures it the first time the step's key is seen (its padded rows, attention
   // kind and launch shape, and the generation of the buffers it reads), and replays the capture
   // after: ops inside must depend on nothing but that StepBatch and buffers made by allocate()
-  // (whose allocation or release moves the generation). The default just runs it.
+  // (whose allocation or release moves the generation). The default, and a backend whose
+  // graph_rows() is 0, just runs it.
   virtual void run_graph(const std::function<void()>& body) { body(); }
   // Steps run_graph captured and replayed so far, and how many times the graphs were dropped
   // because an address or count captured in them changed (a workspace array grew, a buffer was

@@ -240,6 +240,10 @@ int32_t CudaBackend::graph_rows(int32_t rows) const {
 }
 
 void CudaBackend::run_graph(const std::function<void()>& body) {
+  if (!options_.graphs) {  // graph_rows() is 0: as the default, just run it
+    body();
+    return;
+  }
   const cuda::GraphKey key{.rows = graph_rows_,
                            .attention = prefix_step_ ? cuda::GraphAttention::kPrefix : cuda::GraphAttention::kPaged,
                            .launch_shape = prefix_step_ ? prefix_.graph_shape() : 0,
