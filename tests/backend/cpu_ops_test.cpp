@@ -1,5 +1,8 @@
 // The CPU backend's ops against plain double-precision references, over both matmul paths
-// (streaming for few rows, widened panels + sgemm for many) and every weight dtype.
+// (streaming for few rows, widened panels + sgemm for many) and every weight dtype, at the
+// tighter tolerances of f32 sums the CPU computes in double or in few terms; the backend-op
+// table (backend_ops_test.cpp) checks every op at its derived tolerance, and add, add_rms_norm
+// and embed only there.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -114,7 +117,7 @@ TEST(CpuOps, RopeRotatesHalfPairs) {
       }
 }
 
-TEST(CpuOps, SiluMulAndAdd) {
+TEST(CpuOps, SiluMul) {
   CpuBackend backend;
   const int64_t n = 2, width = 5;
   std::vector<float> gate_up = random_vector(size_t(n * 2 * width), 7), out(size_t(n * width));
@@ -125,44 +128,16 @@ TEST(CpuOps, SiluMulAndAdd) {
       const double g = gate_up[size_t(r * 2 * width + c)], u = gate_up[size_t(r * 2 * width + width + c)];
       EXPECT_NEAR(out[size_t(r * width + c)], g / (1 + std::exp(-g)) * u, 1e-6);
     }
-  std::vector<float> y = random_vector(size_t(n * width), 8), sum = out;
-  backend.add(Tensor::contiguous(sum.data(), DType::kF32, {n, width}), Tensor::contiguous(y.data(), DType::kF32, {n, width}));
-  for (size_t i = 0; i < sum.size(); ++i) EXPECT_FLOAT_EQ(sum[i], out[i] + y[i]);
 }
 
-// x += y, then out = rms_norm(x): the residual is updated in place and the norm reads it.
-TEST(CpuOps, AddRmsNormUpdatesTheResidual) {
-  CpuBackend backend;
-  const int64_t n = 3, h = 16;
-  std::vector<float> x = random_vector(size_t(n * h), 10), y = random_vector(size_t(n * h), 11);
-  std::vector<float> w = random_vector(size_t(h), 12), out(size_t(n * h));
-  const std::vector<float> x0 = x;
-  backend.add_rms_norm(Tensor::contiguous(x.data(), DType::kF32, {n, h}), Tensor::contiguous(y.data(), DType::kF32, {n, h}),
-                       Tensor::contiguous(w.data(), DType::kF32, {h}), 1e-5f, Tensor::contiguous(out.data(), DType::kF32, {n, h}));
-  for (int64_t r = 0; r < n; ++r) {
-    double ss = 0;
-    for (int64_t c = 0; c < h; ++c) {
-      const size_t i = size_t(r * h + c);
-      EXPECT_FLOAT_EQ(x[i], x0[i] + y[i]);
-      ss += double(x[i]) * x[i];
-    }
-    const double inv = 1.0 / std::sqrt(ss / h + 1e-5);
-    for (int64_t c = 0; c < h; ++c) EXPECT_NEAR(out[size_t(r * h + c)], x[size_t(r * h + c)] * inv * w[size_t(c)], 1e-5);
-  }
-}
-
-TEST(CpuOps, EmbedWidensRowsAndRejectsBadIds) {
+TEST(CpuOps, EmbedRejectsBadIds) {
   CpuBackend backend;
   Weights table = make_weights(10, 6, DType::kF16, 9);
-  std::vector<float> out(2 * 6);
+  std::vector<float> out(6);
   StepBatch step;
-  step.tokens = {7, 0};
-  backend.embed(table.tensor, step, Tensor::contiguous(out.data(), DType::kF32, {2, 6}));
-  for (int c = 0; c < 6; ++c) {
-    EXPECT_EQ(out[size_t(c)], table.values[size_t(7 * 6 + c)]);
-    EXPECT_EQ(out[size_t(6 + c)], table.values[size_t(c)]);
-  }
   step.tokens = {10};
+  EXPECT_THROW(backend.embed(table.tensor, step, Tensor::contiguous(out.data(), DType::kF32, {1, 6})), Error);
+  step.tokens = {-1};
   EXPECT_THROW(backend.embed(table.tensor, step, Tensor::contiguous(out.data(), DType::kF32, {1, 6})), Error);
 }
 

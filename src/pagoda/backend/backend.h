@@ -143,13 +143,16 @@ class Backend {
   // run_graph (under paged attention, where the padded plan splits no KV); 0: never (the CPU
   // backend).
   virtual int32_t graph_rows(int32_t /*rows*/) const { return 0; }
-  // Runs body, which issues one padded decode step's ops. A GPU backend runs it and captures it
-  // the first time a key is seen (and the step's attention launches have a new shape), and
-  // replays the capture after: ops inside must depend on nothing but the StepBatch given to
-  // begin_step and buffers that outlive the graph. The default just runs it.
-  virtual void run_graph(int32_t /*key*/, const std::function<void()>& body) { body(); }
+  // Runs body, which issues the ops of the padded decode step given to begin_step. A GPU backend
+  // runs it and captures it the first time the step's key is seen (its padded rows, attention
+  // kind and launch shape, and the generation of the buffers it reads), and replays the capture
+  // after: ops inside must depend on nothing but that StepBatch and buffers made by allocate()
+  // (whose allocation or release moves the generation). The default, and a backend whose
+  // graph_rows() is 0, just runs it.
+  virtual void run_graph(const std::function<void()>& body) { body(); }
   // Steps run_graph captured and replayed so far, and how many times the graphs were dropped
-  // because an address or count captured in them changed (a workspace array grew).
+  // because an address or count captured in them changed (a workspace array grew, a buffer was
+  // allocated or freed).
   struct GraphStats {
     int64_t captures = 0;
     int64_t replays = 0;

@@ -66,14 +66,12 @@ void Model::reserve(int64_t rows, int64_t logit_rows) {
     gate_up_ = buffer(rows * 2 * c.intermediate_size, act);
     act_ = buffer(rows * c.intermediate_size, act);
     workspace_rows_ = rows;
-    ++workspace_generation_;
   }
   if (logit_rows > workspace_logit_rows_) {
     logits_in_.reset(), logits_.reset();
     logits_in_ = buffer(logit_rows * c.hidden_size, act);
     logits_ = buffer(logit_rows * c.vocab_size, sizeof(float));
     workspace_logit_rows_ = logit_rows;
-    ++workspace_generation_;
   }
 }
 
@@ -232,7 +230,7 @@ void Model::run(std::span<const SequenceChunk> chunks) {
   backend_.begin_step(step_);
   step_planning_seconds_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - planning_start).count();
   if (step_.graph_rows > 0) {
-    backend_.run_graph(workspace_generation_ * 65536 + step_.graph_rows, [this] { forward_layers(step_); });
+    backend_.run_graph([this] { forward_layers(step_); });
   } else {
     forward_layers(step_);
   }

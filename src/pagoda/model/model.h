@@ -81,11 +81,10 @@ class Model {
   int64_t prefix_steps_ = 0;
   double step_planning_seconds_ = 0;
 
-  // Activations, sized for the largest step so far. A CUDA graph captured over them is keyed by
-  // workspace_generation_, which changes whenever they are reallocated.
+  // Activations, sized for the largest step so far (reallocating them, through the backend's
+  // allocate(), drops the CUDA graphs captured over them).
   int64_t workspace_rows_ = 0;
   int64_t workspace_logit_rows_ = 0;
-  int32_t workspace_generation_ = 0;
   std::shared_ptr<Backend::Buffer> x_, h_, qkv_, q_, attn_, proj_, gate_up_, act_, logits_in_, logits_;
   StepBatch step_;          // the last step (its ops may still be running on the backend)
   int64_t logit_rows_ = 0;  // of the last step

@@ -10,10 +10,12 @@
 namespace pagoda {
 namespace {
 
+// Counts itself in `allocations` when it is made and when it is freed.
 class DeviceBuffer final : public Backend::Buffer {
  public:
-  explicit DeviceBuffer(size_t bytes) {
+  DeviceBuffer(size_t bytes, std::shared_ptr<std::atomic<uint64_t>> allocations) : allocations_(std::move(allocations)) {
     size_ = bytes;
+    ++*allocations_;
     if (bytes == 0) return;
     if (cudaMalloc(&data_, bytes) != cudaSuccess) {
       cudaGetLastError();  // clear the sticky-free allocation error
@@ -23,7 +25,13 @@ class DeviceBuffer final : public Backend::Buffer {
            free >> 20, total >> 20);
     }
   }
-  ~DeviceBuffer() override { cudaFree(data_); }
+  ~DeviceBuffer() override {
+    cudaFree(data_);
+    ++*allocations_;
+  }
+
+ private:
+  std::shared_ptr<std::atomic<uint64_t>> allocations_;
 };
 
 DType checked(DType dtype) {
@@ -45,11 +53,13 @@ CudaBackend::CudaBackend(DType dtype, const CudaBackendOptions& options) : dtype
 }
 
 CudaBackend::~CudaBackend() {
-  drop_graphs();
+  graphs_.clear();
   if (stream_) cudaStreamDestroy(stream_);
 }
 
-std::shared_ptr<Backend::Buffer> CudaBackend::allocate(size_t bytes) { return std::make_shared<DeviceBuffer>(bytes); }
+std::shared_ptr<Backend::Buffer> CudaBackend::allocate(size_t bytes) {
+  return std::make_shared<DeviceBuffer>(bytes, allocations_);
+}
 
 void CudaBackend::upload(void* device_dst, const void* host_src, size_t bytes) {
   cuda::check_cuda(cudaMemcpyAsync(device_dst, host_src, bytes, cudaMemcpyHostToDevice, stream_), "upload");
@@ -68,7 +78,7 @@ void CudaBackend::check_dtype(const Tensor& t, const char* what) const {
 }
 
 void CudaBackend::begin_step(const StepBatch& step) {
-  graph_step_ = step.graph_rows > 0;
+  graph_rows_ = step.graph_rows;
   tokens_.upload_grown(step.tokens, stream_);
   positions_.upload_grown(step.positions, stream_);
   slot_blocks_.upload_grown(step.slot_blocks, stream_);
@@ -102,23 +112,12 @@ void CudaBackend::begin_step(const StepBatch& step) {
     }
     prefill_.upload(chunks, block_ids, step.shape, stream_);
   }
+}
 
-  // A graph replays the pointers and counts it was captured with: when any of them changed,
-  // capture anew. The counts change only as their arrays grow, but a grown array may come back
-  // at the same address.
-  const auto at = [](const void* p) { return reinterpret_cast<uintptr_t>(p); };
-  const std::vector<uintptr_t> inputs = {
-      at(tokens_.data()),           at(positions_.data()),          at(slot_blocks_.data()),
-      at(logit_rows_.data()),       at(rope_inv_freq_.data()),      at(decode_.items.data()),
-      at(decode_.block_ids.data()), at(prefix_.slot_units.data()),  at(prefix_.slot_heads.data()),
-      at(prefix_.unit_queries.data()), at(prefix_.tail_tiles.data()), at(prefix_.block_ids.data()),
-      at(prefix_.merges.data()),    at(prefix_.partial_o.data()),   at(prefix_.partial_lse.data()),
-      uintptr_t(prefix_.num_slots()), uintptr_t(prefix_.piece_stride)};
-  if (inputs != graph_inputs_) {
-    if (!graphs_.empty()) ++graph_stats_.invalidations;
-    drop_graphs();
-    graph_inputs_ = inputs;
-  }
+// A padded decode step has no prefill (prefill_ and the sampling arrays are not in its graph).
+uint64_t CudaBackend::buffers_generation() const {
+  return tokens_.generation() + positions_.generation() + slot_blocks_.generation() + logit_rows_.generation() +
+         rope_inv_freq_.generation() + decode_.generation() + prefix_.generation() + allocations_->load();
 }
 
 void CudaBackend::embed(const Tensor& table, const StepBatch& step, Tensor out) {
@@ -153,7 +152,7 @@ void CudaBackend::matmul(const Tensor& x, const Tensor& w, const Tensor* bias, T
     fail(ErrorKind::kInternal, "cuda matmul: {} @ {}^T -> {}", x.shape_string(), w.shape_string(), out.shape_string());
   if (x.size(0) == 0) return;
   gemm_.run(x.data, w.data, bias ? bias->data : nullptr, out.data, x.size(0), w.size(0), w.size(1), dtype_, out.dtype,
-            stream_, /*tune=*/graph_step_);
+            stream_, /*tune=*/graph_rows_ > 0);
 }
 
 void CudaBackend::silu_mul(const Tensor& gate_up, Tensor out) {
@@ -165,12 +164,12 @@ void CudaBackend::add(Tensor x, const Tensor& y) { cuda::add(x.data, y.data, x.s
 size_t CudaBackend::allocate_kv_cache(const kv::KvCacheConfig& config) {
   if (config.dtype != dtype_ || config.layout != KvLayout::kHnd)
     fail(ErrorKind::kInternal, "cuda backend: the KV cache is HND of the activation dtype");
-  // The same cache for a new engine: keep it, and the graphs that point into it.
+  // The same cache for a new engine: keep it, and the graphs that point into it. A new one is
+  // allocated through allocate(), which moves the graphs' generation.
   if (kv_storage_ && config.num_layers == kv_config_.num_layers && config.num_blocks == kv_config_.num_blocks &&
       config.block_size == kv_config_.block_size && config.num_kv_heads == kv_config_.num_kv_heads &&
       config.head_dim == kv_config_.head_dim)
     return kv_storage_->size();
-  drop_graphs();
   kv_storage_.reset();
   kv_layers_.clear();
   kv_maps_.clear();
@@ -240,12 +239,18 @@ int32_t CudaBackend::graph_rows(int32_t rows) const {
   return size == kGraphSizes.end() ? 0 : *size;
 }
 
-void CudaBackend::run_graph(int32_t key, const std::function<void()>& body) {
-  // Per key, one graph per attention kind and launch shape: paged, or prefix and its merge's.
-  const int64_t graph_key = int64_t(key) * 16 + (prefix_step_ ? 1 + prefix_.graph_shape() : 0);
-  if (auto it = graphs_.find(graph_key); it != graphs_.end()) {
-    cuda::check_cuda(cudaGraphLaunch(it->second, stream_), "cudaGraphLaunch");
-    ++graph_stats_.replays;
+void CudaBackend::run_graph(const std::function<void()>& body) {
+  if (!options_.graphs) {  // graph_rows() is 0: as the default, just run it
+    body();
+    return;
+  }
+  const cuda::GraphKey key{.rows = graph_rows_,
+                           .attention = prefix_step_ ? cuda::GraphAttention::kPrefix : cuda::GraphAttention::kPaged,
+                           .launch_shape = prefix_step_ ? prefix_.graph_shape() : 0,
+                           .generation = buffers_generation()};
+  if (const cudaGraphExec_t* exec = graphs_.find(key)) {
+    cuda::check_cuda(cudaGraphLaunch(*exec, stream_), "cudaGraphLaunch");
+    ++graph_replays_;
     return;
   }
   // First time: run the step eagerly (which also does every first-use setup, such as choosing
@@ -266,13 +271,8 @@ void CudaBackend::run_graph(int32_t key, const std::function<void()>& body) {
   const cudaError_t status = cudaGraphInstantiate(&exec, graph, 0);
   cudaGraphDestroy(graph);
   cuda::check_cuda(status, "cudaGraphInstantiate");
-  graphs_.emplace(graph_key, exec);
-  ++graph_stats_.captures;
-}
-
-void CudaBackend::drop_graphs() {
-  for (auto& [key, exec] : graphs_) cudaGraphExecDestroy(exec);
-  graphs_.clear();
+  graphs_.insert(key, exec);
+  ++graph_captures_;
 }
 
 void CudaBackend::sample(const Tensor& logits, int32_t vocab, std::span<const SamplingRow> rows,

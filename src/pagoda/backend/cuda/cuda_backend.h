@@ -4,15 +4,18 @@
 //
 // Every op is issued on one stream and reads the step's metadata from device arrays that
 // begin_step() filled, so a decode step can be captured once into a CUDA graph and replayed:
-// graph_rows() pads decode batches to a few sizes, and run_graph() keeps one graph per size and
-// attention launch shape (paged, or prefix-aware and its merge's). When a metadata array has to
-// grow (its device pointer moves), or a count baked into the launches changes, every captured
-// graph is dropped and captured again on next use.
+// graph_rows() pads decode batches to a few sizes, and run_graph() keeps one graph per GraphKey
+// (graph_table.h): the padded rows, the attention kind and its launch shape, and the generation
+// of every buffer the step reads. That generation changes when a metadata array or attention
+// workspace grows (its device pointer moves, or a count baked into the launches changes) and
+// when any buffer is allocated or freed through allocate() (the caller's weights and
+// activations, the KV cache); every captured graph is then dropped and captured again on next
+// use.
 #pragma once
 
 #include <cuda_runtime.h>
 
-#include <map>
+#include <atomic>
 #include <memory>
 #include <vector>
 
@@ -21,6 +24,7 @@
 #include "pagoda/backend/cuda/prefix_attention.h"
 #include "pagoda/backend/cuda/device_array.h"
 #include "pagoda/backend/cuda/gemm.h"
+#include "pagoda/backend/cuda/graph_table.h"
 #include "pagoda/backend/cuda/prefill_attention.h"
 #include "pagoda/backend/cuda/sampling.h"
 
@@ -65,8 +69,10 @@ class CudaBackend final : public Backend {
   std::optional<PrefixPlanning> prefix_planning(const attention::AttentionShape& shape) const override;
 
   int32_t graph_rows(int32_t rows) const override;
-  void run_graph(int32_t key, const std::function<void()>& body) override;
-  GraphStats graph_stats() const override { return graph_stats_; }
+  void run_graph(const std::function<void()>& body) override;
+  GraphStats graph_stats() const override {
+    return {.captures = graph_captures_, .replays = graph_replays_, .invalidations = graphs_.invalidations()};
+  }
 
   bool can_sample() const override { return true; }
   void sample(const Tensor& logits, int32_t vocab, std::span<const SamplingRow> rows,
@@ -79,12 +85,18 @@ class CudaBackend final : public Backend {
 
  private:
   void check_dtype(const Tensor& t, const char* what) const;
-  void drop_graphs();
+  // The generation of every buffer a padded decode step reads (GraphKey::generation): the sum of
+  // counts that only grow, so it changes whenever one of them does.
+  uint64_t buffers_generation() const;
 
   DType dtype_;
   CudaBackendOptions options_;
   cudaStream_t stream_ = nullptr;
   cuda::Gemm gemm_;
+
+  // Buffers allocated or freed through allocate(), shared with the buffers (which may outlive the
+  // backend).
+  std::shared_ptr<std::atomic<uint64_t>> allocations_ = std::make_shared<std::atomic<uint64_t>>(0);
 
   // The KV cache: per layer a K pool and a V pool in one allocation, HND.
   kv::KvCacheConfig kv_config_;
@@ -97,7 +109,7 @@ class CudaBackend final : public Backend {
   cuda::DeviceArray<int32_t> tokens_, positions_, slot_blocks_, logit_rows_;
   cuda::DeviceArray<float> rope_inv_freq_;
   std::vector<float> rope_inv_freq_host_;  // what rope_inv_freq_ holds
-  bool graph_step_ = false;                // the step is a padded decode step (GEMMs are tuned)
+  int32_t graph_rows_ = 0;  // the step's StepBatch::graph_rows: > 0 for a padded decode step (GEMMs are tuned)
   cuda::DecodeWorkspace decode_;
   cuda::PrefixWorkspace prefix_;
   std::optional<cuda::PrefixTiles> prefix_tiles_;  // made at the first prefix step
@@ -108,9 +120,9 @@ class CudaBackend final : public Backend {
   cuda::DeviceArray<cuda::SampleRow> sample_rows_;
   cuda::DeviceArray<int32_t> sampled_;
 
-  std::map<int64_t, cudaGraphExec_t> graphs_;
-  GraphStats graph_stats_;
-  std::vector<uintptr_t> graph_inputs_;  // the metadata addresses and counts the graphs were captured with
+  cuda::GraphTable<cudaGraphExec_t> graphs_{[](cudaGraphExec_t exec) { cudaGraphExecDestroy(exec); }};
+  int64_t graph_captures_ = 0;
+  int64_t graph_replays_ = 0;
 };
 
 }  // namespace pagoda

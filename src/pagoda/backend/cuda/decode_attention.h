@@ -50,6 +50,13 @@ struct DecodeWorkspace {
   // Copies plan and batch to the device (stream-ordered) and sizes the scratch for shape.
   void upload(const attention::DecodePlan& plan, const attention::DecodeBatch& batch,
               const attention::AttentionShape& shape, cudaStream_t stream = nullptr);
+
+  // Changes whenever an array the launches read is reallocated (the sum of the arrays'
+  // generations, each of which only grows): a CUDA graph of the launches is valid while it stays.
+  uint64_t generation() const {
+    return items.generation() + merges.generation() + block_ids.generation() + partial_o.generation() +
+           partial_lse.generation();
+  }
 };
 
 // The workers plan_decode should fill for this shape on the current device: multiprocessors x

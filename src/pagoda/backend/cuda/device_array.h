@@ -1,11 +1,14 @@
 // DeviceArray<T>: an owned cudaMalloc'd array of trivially copyable T, with host <-> device
-// copies. The one owner of device memory in tests, benchmarks and the decode workspace.
+// copies. The one owner of device memory in tests, benchmarks and the decode workspace. It
+// counts its reallocations (generation()): a CUDA graph that captured data() is valid while the
+// count stays the same (graph_table.h).
 #pragma once
 
 #include <cuda_runtime.h>
 
 #include <algorithm>
 #include <cstddef>
+#include <cstdint>
 #include <span>
 #include <type_traits>
 #include <utility>
@@ -26,11 +29,13 @@ class DeviceArray {
   DeviceArray& operator=(const DeviceArray&) = delete;
   DeviceArray(DeviceArray&& other) noexcept
       : data_(std::exchange(other.data_, nullptr)), size_(std::exchange(other.size_, 0)),
-        capacity_(std::exchange(other.capacity_, 0)) {}
+        capacity_(std::exchange(other.capacity_, 0)), generation_(++other.generation_) {}
+  // Both arrays' data() change: both move on to a generation neither had (a generation only grows).
   DeviceArray& operator=(DeviceArray&& other) noexcept {
     std::swap(data_, other.data_);
     std::swap(size_, other.size_);
     std::swap(capacity_, other.capacity_);
+    generation_ = other.generation_ = std::max(generation_, other.generation_) + 1;
     return *this;
   }
   ~DeviceArray() { cudaFree(data_); }
@@ -41,6 +46,7 @@ class DeviceArray {
       cudaFree(data_);
       data_ = nullptr;
       capacity_ = 0;
+      ++generation_;
       check_cuda(cudaMalloc(&data_, size * sizeof(T)), "cudaMalloc");
       capacity_ = size;
     }
@@ -90,11 +96,14 @@ class DeviceArray {
   size_t size() const { return size_; }
   size_t capacity() const { return capacity_; }
   size_t bytes() const { return size_ * sizeof(T); }
+  // How many times data() has moved.
+  uint64_t generation() const { return generation_; }
 
  private:
   T* data_ = nullptr;
   size_t size_ = 0;
   size_t capacity_ = 0;
+  uint64_t generation_ = 0;
 };
 
 }  // namespace pagoda::cuda

@@ -137,8 +137,17 @@ struct PrefixWorkspace {
   // PrefixParams::num_slots: the slot arrays' capacity (upload keeps it under 2^31).
   int32_t num_slots() const { return int32_t(std::min(slot_units.capacity(), slot_heads.capacity())); }
 
-  // What a CUDA graph of the launches depends on besides the arrays' addresses, num_slots() and
-  // piece_stride: 0 with no merge, else the merge's warps per output row.
+  // Changes whenever an array the launches read is reallocated or piece_stride grows (the sum of
+  // the arrays' generations and piece_stride, each of which only grows; num_slots() changes only
+  // with its arrays): a CUDA graph of the launches is valid while it and graph_shape() stay.
+  uint64_t generation() const {
+    return slot_units.generation() + slot_heads.generation() + unit_queries.generation() + tail_tiles.generation() +
+           merges.generation() + block_ids.generation() + partial_o.generation() + partial_lse.generation() +
+           uint64_t(piece_stride);
+  }
+
+  // What a CUDA graph of the launches fixes besides generation(): 0 with no merge, else the
+  // merge's warps per output row.
   int32_t graph_shape() const;
 };
 
