@@ -533,6 +533,14 @@ def long_words(server, count, length, concurrency, rng):
     return statuses
 
 
+def cpu_model():
+    with open("/proc/cpuinfo") as f:
+        for line in f:
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    return platform.machine()
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("pagoda", help="the pagoda binary")
@@ -545,7 +553,7 @@ def main():
     args = parser.parse_args()
     rng = random.Random(args.seed)
     random.seed(args.seed)
-    size = dict(requests=2400, concurrency=24, catalogue_rounds=3, long_words=3000, word_letters=100_000,
+    size = dict(requests=1500, concurrency=24, catalogue_rounds=2, long_words=2000, word_letters=100_000,
                 slow_clients=8) if args.long else \
         dict(requests=96, concurrency=8, catalogue_rounds=1, long_words=100, word_letters=200_000, slow_clients=2)
     if args.sanitized:
@@ -640,7 +648,7 @@ def main():
         server.kill()
 
     figures.update({
-        "machine": platform.node(), "cpu": platform.processor() or platform.machine(),
+        "machine": platform.node(), "cpu": cpu_model(), "cores": os.cpu_count(),
         "git_commit": subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
                                      cwd=os.path.dirname(os.path.abspath(__file__))).stdout.strip(),
         "command": " ".join(sys.argv),
