@@ -42,7 +42,7 @@ import serve_harness as h  # noqa: E402
 
 API_KEY = "hostile-api-key"
 METRICS_KEY = "hostile-metrics-key"
-MAX_CONNECTIONS = 48
+MAX_CONNECTIONS = 48  # --long: 96, so its load and side cases together stay below it
 HOST = "127.0.0.1"
 
 PROMPTS = [
@@ -553,6 +553,9 @@ def main():
     args = parser.parse_args()
     rng = random.Random(args.seed)
     random.seed(args.seed)
+    global MAX_CONNECTIONS
+    if args.long:
+        MAX_CONNECTIONS = 96
     size = dict(requests=1500, concurrency=24, catalogue_rounds=2, long_words=2000, word_letters=100_000,
                 slow_clients=8) if args.long else \
         dict(requests=96, concurrency=8, catalogue_rounds=1, long_words=100, word_letters=200_000, slow_clients=2)
@@ -564,7 +567,7 @@ def main():
     server = h.PagodaServer(os.path.abspath(args.pagoda), "--api-key", API_KEY, "--metrics-key", METRICS_KEY,
                             "--max-connections", MAX_CONNECTIONS).start()
     pid = server.proc.pid
-    figures = {"config": size, "rss_bound_mb": rss_bound_mb}
+    figures = {"config": dict(size, max_connections=MAX_CONNECTIONS), "rss_bound_mb": rss_bound_mb}
     try:
         status, _, body = exchange(server, request_bytes("GET", "/v1/models"))
         server.model = json.loads(body)["data"][0]["id"]
