@@ -560,7 +560,7 @@ def main():
                 slow_clients=8) if args.long else \
         dict(requests=96, concurrency=8, catalogue_rounds=1, long_words=100, word_letters=200_000, slow_clients=2)
     if args.sanitized:
-        size.update(requests=24, concurrency=4, long_words=20)
+        size.update(requests=24, concurrency=4, long_words=20, catalogue_sample=250)
     rss_bound_mb = 64
 
     started = time.monotonic()
@@ -597,6 +597,7 @@ def main():
                              chunked=rng.random() < 0.1, half_close=disconnect is None and rng.random() < 0.1))
         catalogue = hostile_catalogue(server, vocab_size) * size["catalogue_rounds"]
         rng.shuffle(catalogue)
+        catalogue = catalogue[:size.get("catalogue_sample", len(catalogue))]
         side_cases = [("pipelining", lambda: pipelining(server, reference)),
                       ("half-close and chunked", lambda: half_close_and_chunked(server, reference)),
                       ("expect continue", lambda: expect_continue(server, reference)),
