@@ -37,9 +37,13 @@ void check_request(const Request& r) {
     for (char c : h.name) check(!(c >= 'A' && c <= 'Z') && c != ':' && c != ' ');
     check(h.value.find_first_of(std::string_view("\r\n\0", 3)) == std::string::npos);
   }
+  // Framed by one of Content-Length or chunked, never both, and never past the body limit.
   const std::string* length = r.header("content-length");
-  check(length == nullptr ? r.body.empty() : std::stoull(*length) == r.body.size());
-  check(r.header("transfer-encoding") == nullptr);
+  const std::string* coding = r.header("transfer-encoding");
+  check(length == nullptr || coding == nullptr);
+  if (length != nullptr) check(std::stoull(*length) == r.body.size());
+  if (length == nullptr && coding == nullptr) check(r.body.empty());
+  check(r.body.size() <= 256);
 }
 
 Outcome parse(std::string_view input, bool in_pieces) {

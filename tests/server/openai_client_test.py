@@ -528,11 +528,12 @@ class DisconnectTest(h.ServerTestCase):
 
 
 class ApiKeyTest(h.ServerTestCase):
-    """--api-key: /v1/* need `Authorization: Bearer <key>`; /health stays open."""
+    """--api-key: /v1/* need `Authorization: Bearer <key>` (the scheme in any case); /health stays
+    open; --metrics-key guards /metrics with a key of its own."""
 
     @classmethod
     def setUpClass(cls):
-        cls.server = h.PagodaServer(BINARY, "--api-key", "sekret").start()
+        cls.server = h.PagodaServer(BINARY, "--api-key", "sekret", "--metrics-key", "scrape").start()
 
     @classmethod
     def tearDownClass(cls):
@@ -552,9 +553,20 @@ class ApiKeyTest(h.ServerTestCase):
             self.assertEqual(status, 401, f"POST /v1/completions with {what}: {body[:200]!r}")
         status, _, body = h.request(server, "GET", "/health")
         self.assertEqual((status, json.loads(body)), (200, {"status": "ok"}))
-        status, _, body = h.request(server, "GET", "/v1/models", headers={"Authorization": "Bearer sekret"})
-        self.assertEqual(status, 200, body[:200])
+        # The scheme is case-insensitive (RFC 9110 11.1), and one or more spaces may follow it.
+        for value in ("Bearer sekret", "bearer sekret", "BEARER sekret", "Bearer   sekret"):
+            status, _, body = h.request(server, "GET", "/v1/models", headers={"Authorization": value})
+            self.assertEqual(status, 200, f"{value!r}: {body[:200]!r}")
         model = json.loads(body)["data"][0]["id"]
+        for value in ("Basic sekret", "Bearersekret", "Bearer sekretx", "Bearer"):
+            status, _, _ = h.request(server, "GET", "/v1/models", headers={"Authorization": value})
+            self.assertEqual(status, 401, value)
+        # /metrics takes the metrics key, not the API key.
+        for headers, expected in (({}, 401), ({"Authorization": "Bearer sekret"}, 401),
+                                  ({"Authorization": "bearer scrape"}, 200)):
+            status, _, body = h.request(server, "GET", "/metrics", headers=headers)
+            self.assertEqual(status, expected, f"/metrics with {headers}: {body[:200]!r}")
+        self.assertIn(b"pagoda_kv_blocks_used", body)
 
         with self.assertRaises(openai.AuthenticationError):
             make_client(server, "wrong").completions.create(model=model, prompt="Hi", max_tokens=4)

@@ -89,6 +89,7 @@ TEST(OpenAiRequest, ChatRefusals) {
       {
           {chat_body(R"("model": "gpt-4")"), 404, "model", "The model 'gpt-4' does not exist"},
           {chat_body(R"("model": 5)"), 400, "model", "must be a string"},
+          {chat_body(R"("user": 5)"), 400, "user", "must be a string"},
           {"{}", 400, "messages", "'messages' is required"},
           {R"({"messages": null})", 400, "messages", "is required"},
           {R"({"messages": {}})", 400, "messages", "'messages' must be an array, got an object"},

@@ -77,6 +77,11 @@ class PagodaServer:
             return {"Authorization": "Bearer " + self.args[self.args.index("--api-key") + 1]}
         return {}
 
+    def metrics_headers(self):
+        if "--metrics-key" in self.args:
+            return {"Authorization": "Bearer " + self.args[self.args.index("--metrics-key") + 1]}
+        return {}
+
     def log_tail(self, lines=40):
         return "\n".join(list(self._lines)[-lines:])
 
@@ -177,7 +182,7 @@ def parse_metrics(text):
 
 
 def metrics(server):
-    status, _, body = request(server, "GET", "/metrics", timeout=30)
+    status, _, body = request(server, "GET", "/metrics", headers=server.metrics_headers(), timeout=30)
     if status != 200:
         raise ServerError(f"GET /metrics answered {status}: {body[:200]!r}")
     return parse_metrics(body.decode())

@@ -86,6 +86,7 @@ void register_serve(CLI::App& app) {
     std::string host = "127.0.0.1";
     int port = 8000;
     std::string api_key;
+    std::string metrics_key;
     int max_queue = 256;
     int64_t max_body_bytes = 1 << 20;
     int max_connections = 512;
@@ -98,9 +99,11 @@ void register_serve(CLI::App& app) {
   cmd->add_option("--host", flags->host, "address to listen on (default 127.0.0.1: this machine only)");
   cmd->add_option("--port", flags->port, "port (default 8000; 0: any free port)");
   cmd->add_option("--api-key", flags->api_key, "require 'Authorization: Bearer KEY' on /v1/*");
+  cmd->add_option("--metrics-key", flags->metrics_key,
+                  "require 'Authorization: Bearer KEY' on /metrics (default: open, counters only)");
   cmd->add_option("--max-queue", flags->max_queue, "requests that may wait for a batch slot; more get 429 (default 256)");
   cmd->add_option("--max-body-bytes", flags->max_body_bytes, "largest request body; larger get 413 (default 1 MiB)");
-  cmd->add_option("--max-connections", flags->max_connections, "open connections; more get 503 (default 512)");
+  cmd->add_option("--max-connections", flags->max_connections, "open connections; past them the longest-idle one is closed, or 503 if none is idle (default 512)");
   cmd->add_option("--served-model-name", flags->served_model_name, "the model's id in the API (default: its file name)");
   cmd->add_option("--chat-template", flags->chat_template, "chatml, llama3 or llama2 (default: from the model)");
   cmd->callback([flags] {
@@ -125,7 +128,7 @@ void register_serve(CLI::App& app) {
                                      .max_context = session.model->config().max_context};
     server::Metrics metrics;
     server::EngineService service(engine, metrics, flags->max_queue);
-    server::Api api(model, service, metrics, {.api_key = flags->api_key});
+    server::Api api(model, service, metrics, {.api_key = flags->api_key, .metrics_key = flags->metrics_key});
 
     http::ServerOptions options{.host = flags->host,
                                 .port = flags->port,

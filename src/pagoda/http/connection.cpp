@@ -54,11 +54,55 @@ Response make_error_response(const ServerOptions& options, int status, std::stri
   return Response{.status = status, .content_type = "text/plain; charset=utf-8", .body = fmt::format("{}\n", message)};
 }
 
-Connection::Connection(int fd, const ServerOptions& options, const Handler& handler,
-                       const std::atomic<bool>& stopping, int stop_fd)
-    : fd_(fd), options_(options), handler_(handler), stopping_(stopping), stop_fd_(stop_fd) {}
+void ConnectionSlot::enter_idle(Clock::time_point since) {
+  std::lock_guard lock(mutex_);
+  idle_ = true;
+  idle_since_ = since;
+}
 
-Connection::~Connection() { ::close(fd_); }
+bool ConnectionSlot::leave_idle() {
+  std::lock_guard lock(mutex_);
+  idle_ = false;
+  return !closed_;
+}
+
+void ConnectionSlot::release() {
+  std::lock_guard lock(mutex_);
+  idle_ = false;
+  fd_ = -1;
+}
+
+std::optional<ConnectionSlot::Clock::time_point> ConnectionSlot::idle_since() const {
+  std::lock_guard lock(mutex_);
+  if (!idle_ || closed_) return std::nullopt;
+  return idle_since_;
+}
+
+bool ConnectionSlot::close_if_idle() {
+  // Under the lock, so the connection cannot close the fd (and the number be reused) meanwhile.
+  std::lock_guard lock(mutex_);
+  if (!idle_ || closed_ || fd_ < 0) return false;
+  // Bytes waiting are a request on its way: closing now would lose it.
+  char byte;
+  if (::recv(fd_, &byte, 1, MSG_PEEK | MSG_DONTWAIT) > 0) return false;
+  closed_ = true;
+  ::shutdown(fd_, SHUT_RDWR);
+  return true;
+}
+
+bool ConnectionSlot::closed() const {
+  std::lock_guard lock(mutex_);
+  return closed_;
+}
+
+Connection::Connection(int fd, ConnectionSlot& slot, const ServerOptions& options, const Handler& handler,
+                       const std::atomic<bool>& stopping, int stop_fd)
+    : fd_(fd), slot_(slot), options_(options), handler_(handler), stopping_(stopping), stop_fd_(stop_fd) {}
+
+Connection::~Connection() {
+  slot_.release();
+  ::close(fd_);
+}
 
 void Connection::serve() {
   try {
@@ -107,7 +151,9 @@ void Connection::loop() {
     const Clock::time_point deadline = mid_request ? request_start + std::chrono::seconds(options_.read_timeout_s)
                                                    : idle_since + std::chrono::seconds(options_.keep_alive_timeout_s);
     pollfd fds[2] = {{fd_, POLLIN, 0}, {stop_fd_, POLLIN, 0}};
+    if (!mid_request) slot_.enter_idle(idle_since);
     const int ready = poll(fds, 2, ms_until(deadline));
+    if (!mid_request && !slot_.leave_idle()) return;  // closed for a newcomer at the connection limit
     if (ready < 0) {
       if (errno == EINTR) continue;
       return;

@@ -4,6 +4,9 @@
 #pragma once
 
 #include <atomic>
+#include <chrono>
+#include <mutex>
+#include <optional>
 #include <string_view>
 #include <vector>
 
@@ -13,10 +16,42 @@
 
 namespace pagoda::http {
 
+// The part of a connection the accept loop sees: whether it waits idle (between requests,
+// nothing of the next one read) and since when. At the connection limit the accept loop closes
+// the longest-idle connection for the newcomer, so idle keep-alive sockets cannot lock active
+// clients out; a connection with a request in flight is never closed for one.
+class ConnectionSlot {
+ public:
+  using Clock = std::chrono::steady_clock;
+
+  explicit ConnectionSlot(int fd) : fd_(fd) {}
+
+  // The connection's side.
+  void enter_idle(Clock::time_point since);
+  // False when the accept loop closed the connection meanwhile: it is to end.
+  bool leave_idle();
+  // Before the connection closes its socket: from then on the accept loop leaves the fd alone.
+  void release();
+
+  // The accept loop's side. When idle: since when.
+  std::optional<Clock::time_point> idle_since() const;
+  // Shuts the socket down (the connection's poll wakes and it ends, as at a keep-alive timeout)
+  // if it is still idle with no byte of a request waiting unread. True if it did.
+  bool close_if_idle();
+  bool closed() const;
+
+ private:
+  mutable std::mutex mutex_;
+  int fd_;  // -1 once released
+  bool idle_ = false;
+  bool closed_ = false;
+  Clock::time_point idle_since_;
+};
+
 class Connection {
  public:
   // Takes the socket (closes it). `stop_fd` turns readable, and `stopping` true, at shutdown.
-  Connection(int fd, const ServerOptions& options, const Handler& handler,
+  Connection(int fd, ConnectionSlot& slot, const ServerOptions& options, const Handler& handler,
              const std::atomic<bool>& stopping, int stop_fd);
   ~Connection();
   Connection(const Connection&) = delete;
@@ -37,6 +72,7 @@ class Connection {
   void linger();
 
   int fd_;
+  ConnectionSlot& slot_;
   const ServerOptions& options_;
   const Handler& handler_;
   const std::atomic<bool>& stopping_;

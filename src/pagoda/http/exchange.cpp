@@ -100,7 +100,17 @@ bool Exchange::client_gone() {
   // POLLRDHUP: the peer's FIN, even with unread (pipelined) bytes before it. POLLHUP and POLLERR
   // (a reset) are always reported.
   pollfd p{fd_, POLLRDHUP, 0};
-  if (poll(&p, 1, 0) > 0 && (p.revents & (POLLRDHUP | POLLHUP | POLLERR | POLLNVAL)) != 0) broken_ = true;
+  if (poll(&p, 1, 0) <= 0) return false;
+  if ((p.revents & (POLLHUP | POLLERR | POLLNVAL)) != 0) {
+    broken_ = true;
+  } else if ((p.revents & POLLRDHUP) != 0) {
+    if (minor_version_ == 0) {
+      broken_ = true;
+    } else if (!responded_ && !probed_) {
+      probed_ = true;
+      write({"HTTP/1.1 100 Continue\r\n\r\n"});
+    }
+  }
   return broken_;
 }
 

@@ -41,10 +41,14 @@ class Exchange {
   // client can tell was cut off: the server closes the connection instead of finishing it.
   void end_stream();
 
-  // Non-blocking: true once the peer has closed its side or reset the connection, or a write to
-  // it failed. A client that half-closes (shuts down its sending side) and waits for the answer
-  // counts as gone: on TCP that is indistinguishable from leaving, and cancelling is the safe
-  // reading when generation holds KV memory (Go's net/http does the same).
+  // Non-blocking: true once the peer has reset the connection or a write to it failed. A FIN
+  // alone does not tell a client that left from one that only half-closed (shutdown(SHUT_WR)
+  // after its request, as some clients and proxies do) and waits for the answer; so at the first
+  // FIN, before any response, an interim "100 Continue" goes out as a probe (RFC 9110 15.2: HTTP/1.1
+  // clients must accept unexpected 1xx responses). A client that has closed its socket answers it
+  // with a reset, seen at the next call; one that half-closed reads on and gets its response.
+  // While streaming, the chunks themselves probe. HTTP/1.0 clients cannot get a 1xx, so for them
+  // a FIN counts as gone.
   bool client_gone();
 
   // respond() or start_stream() was called (whether or not the client was still there).
@@ -75,6 +79,7 @@ class Exchange {
   bool stream_ended_ = false;
   bool close_after_ = false;  // the head sent said Connection: close (or streamed to HTTP/1.0)
   bool broken_ = false;       // a write failed or the peer closed: the connection cannot be reused
+  bool probed_ = false;       // the 100 Continue probe went out
 };
 
 }  // namespace pagoda::http

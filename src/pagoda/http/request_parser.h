@@ -7,9 +7,13 @@
 // - Lines end with CRLF only. A bare LF or bare CR in the head is a 400. RFC 9112 lets a server
 //   accept bare LF, but line-end disagreements are how Node's parser got smuggled past proxies
 //   (CVE-2023-30589), and every client we serve (curl, the OpenAI SDKs, browsers) sends CRLF.
-// - Bodies are framed by Content-Length only. Transfer-Encoding (chunked uploads) is a 501;
-//   with Content-Length as well it is a 400. Content-Length must be plain digits; repeats must
-//   agree; "5, 5" lists are refused.
+// - Bodies are framed by Content-Length or by the chunked transfer coding (RFC 9112 7.1), which
+//   must then be the only coding: another coding is a 501, chunked not last or twice is a 400,
+//   and so is Transfer-Encoding with Content-Length as well, or on an HTTP/1.0 request.
+//   Content-Length must be plain digits; repeats must agree; "5, 5" lists are refused. Chunk
+//   sizes are hex digits only (no sign, no "0x", no spaces before them); extensions are checked
+//   for control characters and ignored; trailer fields are checked like header lines and
+//   dropped (RFC 9110 6.5.1 lets a recipient discard them), counting against the head's limit.
 // - No obsolete line folding, no whitespace between a header name and its colon (400).
 // Lenient where it costs nothing: empty lines before a request line are skipped (RFC 9112 2.2:
 // some clients send a CRLF after a POST body), and HTTP/1.2+ is read as 1.1. Host is not
@@ -17,6 +21,7 @@
 #pragma once
 
 #include <cstddef>
+#include <optional>
 #include <string>
 #include <string_view>
 
@@ -26,7 +31,8 @@ namespace pagoda::http {
 
 struct ParserLimits {
   size_t max_header_bytes = 16 << 10;  // request line + header lines + their CRLFs (431 beyond)
-  size_t max_body_bytes = 1 << 20;     // Content-Length above this is a 413 before any body is read
+  size_t max_body_bytes = 1 << 20;     // Content-Length, or chunks adding up to, above this is a 413
+                                       // before the bytes over it are read
   size_t max_headers = 100;            // header lines (431 beyond)
 };
 
@@ -54,26 +60,39 @@ class RequestParser {
   // The completed request (state must be kDone); resets the parser for the next one.
   Request take();
 
-  // 400 malformed, 413 body too large, 431 head too large or too many headers,
-  // 501 Transfer-Encoding, 505 HTTP version other than 1.x. 0 unless state() is kError.
+  // 400 malformed, 413 body too large, 431 head (or head and trailers) too large or too many
+  // headers, 501 a transfer coding other than chunked, 505 HTTP version other than 1.x.
+  // 0 unless state() is kError.
   int error_status() const { return error_status_; }
   // One line for the client, saying what was wrong: "Content-Length is not a number".
   const std::string& error_message() const { return error_message_; }
 
  private:
-  enum class Phase { kRequestLine, kHeaders, kBody };
+  enum class Phase {
+    kRequestLine,
+    kHeaders,
+    kBody,          // Content-Length bytes
+    kChunkSize,     // a chunk's size line
+    kChunkData,     // its data
+    kChunkDataEnd,  // the CRLF after the data
+    kTrailers,      // trailer field lines, up to the empty line that ends the body
+  };
 
   void parse_request_line(std::string_view line);
   void parse_header_line(std::string_view line);
+  // A header or trailer line as a Header (name lowercased), or nullopt with the error set.
+  std::optional<Header> parse_field_line(std::string_view line);
+  void parse_chunk_size_line(std::string_view line);
+  void parse_trailer_line(std::string_view line);
   void finish_head();
   void set_error(int status, std::string message);
 
   ParserLimits limits_;
   State state_ = State::kNeedMore;
   Phase phase_ = Phase::kRequestLine;
-  std::string line_;       // the head line being received, up to and including its '\n'
-  size_t head_bytes_ = 0;  // head bytes consumed for this request, line_ included
-  size_t body_length_ = 0;
+  std::string line_;       // the line being received (head, chunk size, trailer), with its '\n'
+  size_t head_bytes_ = 0;  // head and trailer bytes consumed for this request, line_ included
+  size_t body_left_ = 0;   // bytes still to come of the Content-Length body or of this chunk
   Request request_;
   int error_status_ = 0;
   std::string error_message_;

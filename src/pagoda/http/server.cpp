@@ -44,6 +44,8 @@ void check_options(const ServerOptions& o) {
 }  // namespace
 
 struct Server::Worker {
+  explicit Worker(int fd) : slot(fd) {}
+  ConnectionSlot slot;
   std::thread thread;
   std::atomic<bool> done{false};
 };
@@ -152,18 +154,18 @@ void Server::accept_one() {
     return;
   }
   reap_finished();
-  if (workers_.size() >= size_t(options_.max_connections)) return reject(fd);
+  if (open_connections() >= size_t(options_.max_connections) && !close_longest_idle()) return reject(fd);
 
   const int one = 1;  // streamed tokens go out at once, not after Nagle waits on a delayed ACK
   setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
   const timeval send_timeout{.tv_sec = options_.write_timeout_s, .tv_usec = 0};
   setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &send_timeout, sizeof send_timeout);
 
-  auto worker = std::make_unique<Worker>();
+  auto worker = std::make_unique<Worker>(fd);
   Worker* w = worker.get();
   try {
     w->thread = std::thread([this, w, fd] {
-      Connection(fd, options_, handler_, stopping_, stop_fd_).serve();
+      Connection(fd, w->slot, options_, handler_, stopping_, stop_fd_).serve();
       w->done.store(true);
       bump(reap_fd_);
     });
@@ -191,6 +193,26 @@ void Server::reject(int fd) {
   for (int i = 0; i < 16 && ::recv(fd, sink, sizeof sink, MSG_DONTWAIT) > 0; ++i) {
   }
   ::close(fd);
+}
+
+size_t Server::open_connections() const {
+  size_t open = 0;
+  for (const std::unique_ptr<Worker>& worker : workers_) open += worker->done.load() || worker->slot.closed() ? 0 : 1;
+  return open;
+}
+
+bool Server::close_longest_idle() {
+  Worker* longest = nullptr;
+  ConnectionSlot::Clock::time_point longest_since;
+  for (const std::unique_ptr<Worker>& worker : workers_) {
+    const std::optional<ConnectionSlot::Clock::time_point> since = worker->slot.idle_since();
+    if (since && (longest == nullptr || *since < longest_since)) {
+      longest = worker.get();
+      longest_since = *since;
+    }
+  }
+  // It may have turned busy since it was looked at: then the newcomer is refused this time.
+  return longest != nullptr && longest->slot.close_if_idle();
 }
 
 void Server::reap_finished() {

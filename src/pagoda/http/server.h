@@ -31,7 +31,9 @@ struct ServerOptions {
   std::string host = "127.0.0.1";  // a numeric address or a name; "::" or "0.0.0.0" for all
   int port = 8000;                 // 0: any free port; Server::port() tells which
   ParserLimits limits;
-  int max_connections = 512;      // beyond: reply 503 and close
+  int max_connections = 512;      // at the limit, the longest-idle connection (none of its
+                                  // request read) is closed for a newcomer; with none idle, the
+                                  // newcomer gets 503
   int keep_alive_timeout_s = 30;  // idle time between requests on one connection (and before the first)
   int read_timeout_s = 30;        // to receive a whole request once it has started (slowloris): 408
   int write_timeout_s = 30;       // a client that accepts no bytes for this long is dropped, so a
@@ -68,6 +70,8 @@ class Server {
   void accept_one();
   void reject(int fd);  // 503 to a connection beyond max_connections
   void reap_finished();
+  size_t open_connections() const;  // not finished, not closed for a newcomer
+  bool close_longest_idle();        // true when one was closed
 
   ServerOptions options_;
   Handler handler_;

@@ -1,11 +1,13 @@
 #include "pagoda/server/api.h"
 
+#include <algorithm>
 #include <ctime>
 #include <memory>
 #include <span>
 #include <utility>
 
 #include "pagoda/core/error.h"
+#include "pagoda/http/syntax.h"
 #include "pagoda/server/api_error.h"
 #include "pagoda/server/chat_page.h"
 #include "pagoda/server/openai_response.h"
@@ -78,12 +80,16 @@ void Api::handle(const http::Request& request, http::Exchange& exchange) {
   if (request.path.starts_with("/v1/")) metrics_.count_request(status);
 }
 
-bool Api::authorized(const http::Request& request) const {
-  if (options_.api_key.empty()) return true;
+bool Api::authorized(const http::Request& request, std::string_view key) {
+  if (key.empty()) return true;
   const std::string* header = request.header("authorization");
-  constexpr std::string_view kBearer = "Bearer ";
-  return header && header->starts_with(kBearer) &&
-         equal_in_constant_time(std::string_view(*header).substr(kBearer.size()), options_.api_key);
+  if (!header) return false;
+  // credentials = auth-scheme 1*SP token68 (RFC 9110 11.4); the scheme is case-insensitive.
+  const std::string_view value(*header);
+  const size_t space = value.find(' ');
+  if (space == std::string_view::npos || !http::iequals(value.substr(0, space), "Bearer")) return false;
+  const std::string_view token = value.substr(std::min(value.find_first_not_of(' ', space), value.size()));
+  return equal_in_constant_time(token, key);
 }
 
 int Api::route(const http::Request& request, http::Exchange& exchange) {
@@ -106,6 +112,9 @@ int Api::route(const http::Request& request, http::Exchange& exchange) {
   }
   if (path == "/metrics") {
     if (!get) return method_not_allowed("GET");
+    if (!authorized(request, options_.metrics_key)) {
+      throw ApiError(401, "Incorrect metrics key provided. Pass it as 'Authorization: Bearer <key>'.");
+    }
     exchange.respond({.content_type = "text/plain; version=0.0.4; charset=utf-8", .body = metrics_.render()});
     return 200;
   }
@@ -113,7 +122,7 @@ int Api::route(const http::Request& request, http::Exchange& exchange) {
   if (cross_origin(request)) {
     throw ApiError(403, "cross-origin requests are refused: the page's Origin does not match this server's Host");
   }
-  if (!authorized(request)) {
+  if (!authorized(request, options_.api_key)) {
     throw ApiError(401, "Incorrect API key provided. Pass it as 'Authorization: Bearer <key>'.");
   }
   if (path == "/v1/models") {

@@ -2,7 +2,7 @@
 //
 //   GET  /                     the chat page
 //   GET  /health               {"status":"ok"}
-//   GET  /metrics              Prometheus text
+//   GET  /metrics              Prometheus text (open unless a metrics key is set)
 //   GET  /v1/models            the served model
 //   POST /v1/chat/completions  OpenAI chat, streamed as server-sent events or whole
 //   POST /v1/completions       OpenAI (legacy) completions, likewise
@@ -23,7 +23,8 @@
 namespace pagoda::server {
 
 struct ApiOptions {
-  std::string api_key;  // "" : no key needed; otherwise /v1/* need "Authorization: Bearer <key>"
+  std::string api_key;      // "" : no key needed; otherwise /v1/* need "Authorization: Bearer <key>"
+  std::string metrics_key;  // "" : /metrics is open; otherwise it needs "Authorization: Bearer <key>"
 };
 
 class Api {
@@ -37,7 +38,8 @@ class Api {
  private:
   int route(const http::Request& request, http::Exchange& exchange);  // returns the HTTP status sent
   int generate(const http::Request& request, http::Exchange& exchange, ApiKind kind);
-  bool authorized(const http::Request& request) const;
+  // No key set, or the request's Authorization is "Bearer <key>" (the scheme in any case).
+  static bool authorized(const http::Request& request, std::string_view key);
 
   const ModelContext& model_;
   EngineService& engine_;

@@ -179,6 +179,8 @@ void refuse_unsupported(const json& body, ApiKind kind) {
 // The fields both endpoints share: sampling, n, stop, stream.
 void read_common(const json& body, const ModelContext& model, GenerationJob& job) {
   SamplingParams& params = job.params;
+  // Not used (it names the end user for OpenAI's abuse monitoring), but typed as OpenAI types it.
+  if (const json* user = find(body, "user")) as_string(*user, "user");
   read_float(body, "temperature", &SamplingParams::temperature, params);
   read_float(body, "top_p", &SamplingParams::top_p, params);
   read_float(body, "min_p", &SamplingParams::min_p, params);

@@ -6,8 +6,13 @@
 namespace pagoda {
 namespace {
 
-// Bounds the cache's memory on long-running servers; the common words come back quickly.
-constexpr size_t kMaxCachedWords = 1 << 16;
+// What an entry costs beyond its word's bytes and its ids: the map node, the string and vector
+// headers, the bucket (about 64 bytes with libstdc++ on 64-bit).
+constexpr size_t kCacheEntryOverhead = 64;
+
+size_t cache_entry_bytes(std::string_view word, const std::vector<int32_t>& ids) {
+  return kCacheEntryOverhead + word.size() + ids.size() * sizeof(int32_t);
+}
 
 }  // namespace
 
@@ -35,7 +40,8 @@ void ByteLevelBpe::encode(const Vocabulary& vocab, std::string_view text, std::v
 }
 
 void ByteLevelBpe::encode_word(const Vocabulary& vocab, std::string_view word, std::vector<int32_t>& out) const {
-  {
+  const bool cacheable = word.size() <= kMaxCachedWordBytes;
+  if (cacheable) {
     std::lock_guard lock(cache_->mutex);
     if (const auto it = cache_->ids.find(word); it != cache_->ids.end()) {
       out.insert(out.end(), it->second.begin(), it->second.end());
@@ -69,9 +75,20 @@ void ByteLevelBpe::encode_word(const Vocabulary& vocab, std::string_view word, s
     }
   }
   out.insert(out.end(), ids.begin(), ids.end());
+  if (!cacheable) return;
+  const size_t entry_bytes = cache_entry_bytes(word, ids);
   std::lock_guard lock(cache_->mutex);
-  if (cache_->ids.size() >= kMaxCachedWords) cache_->ids.clear();
-  cache_->ids.emplace(std::string(word), std::move(ids));
+  // Full: start afresh rather than track recency; the common words come back quickly.
+  if (cache_->bytes + entry_bytes > kMaxCacheBytes) {
+    cache_->ids.clear();
+    cache_->bytes = 0;
+  }
+  if (cache_->ids.emplace(std::string(word), std::move(ids)).second) cache_->bytes += entry_bytes;
+}
+
+size_t ByteLevelBpe::cached_bytes() const {
+  std::lock_guard lock(cache_->mutex);
+  return cache_->bytes;
 }
 
 std::string ByteLevelBpe::token_bytes(const Vocabulary& vocab, int32_t id) const {

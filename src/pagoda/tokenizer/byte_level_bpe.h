@@ -31,6 +31,13 @@ class ByteLevelBpe {
   // The bytes a token stands for; its piece as is when that is not in the byte alphabet.
   std::string token_bytes(const Vocabulary& vocab, int32_t id) const;
 
+  // The word cache's bound: its words' bytes and ids plus a per-entry overhead. The cache
+  // outlives every request, so text a client sends must not be able to grow it without end.
+  static constexpr size_t kMaxCacheBytes = 8 << 20;
+  // Longer words are not cached: they rarely repeat, and one request could fill the cache.
+  static constexpr size_t kMaxCachedWordBytes = 256;
+  size_t cached_bytes() const;
+
  private:
   void encode_word(const Vocabulary& vocab, std::string_view word, std::vector<int32_t>& out) const;
 
@@ -43,6 +50,7 @@ class ByteLevelBpe {
   struct WordCache {
     std::mutex mutex;
     std::unordered_map<std::string, std::vector<int32_t>, StringHash, std::equal_to<>> ids;
+    size_t bytes = 0;  // as cached_bytes() counts them
   };
   std::shared_ptr<WordCache> cache_ = std::make_shared<WordCache>();
 };
