@@ -130,11 +130,14 @@ TEST_F(RemotePrefillEngine, GreedyOutputEqualsHuggingFace) {
 }
 
 TEST_F(RemotePrefillEngine, DecodePrefixCacheHitSkipsItsBlocks) {
+  const std::vector<int32_t> prompt = golden_.at(1).ids;  // 39 tokens: two full blocks
+  std::vector<int32_t> expected;
+  {  // one engine per model at a time: an engine allocates its model's KV cache
+    Engine colocated(decode_->model, *tokenizer_, {.num_kv_blocks = 64});
+    expected = run(colocated, colocated.submit({.prompt = prompt, .params = greedy(8)}));
+  }
   Engine prefill(prefill_->model, *tokenizer_, {.num_kv_blocks = 64});
   Engine decode(decode_->model, *tokenizer_, {.num_kv_blocks = 64});
-  Engine colocated(decode_->model, *tokenizer_, {.num_kv_blocks = 64});
-  const std::vector<int32_t> prompt = golden_.at(1).ids;  // 39 tokens: two full blocks
-  const std::vector<int32_t> expected = run(colocated, colocated.submit({.prompt = prompt, .params = greedy(8)}));
   int32_t cached = -1;
   EXPECT_EQ(disaggregated(prefill, decode, prompt, 8, &cached), expected);
   EXPECT_EQ(cached, 0);
