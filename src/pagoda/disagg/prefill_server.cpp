@@ -24,14 +24,18 @@ void PrefillServer::start(server::EngineService& service) {
   acceptor_ = std::thread([this] { accept_loop(); });
 }
 
+// The peers themselves stay until destruction: the engine thread may still hold their jobs.
 void PrefillServer::stop() {
-  if (stopping_.exchange(true)) return;
-  if (acceptor_.joinable()) acceptor_.join();
-  std::lock_guard lock(mutex_);
-  for (Peer& peer : peers_) peer.link->close("shutting down", true);
-  for (Peer& peer : peers_)
-    if (peer.reader.joinable()) peer.reader.join();
-  peers_.clear();
+  std::vector<Peer*> peers;
+  {
+    std::lock_guard lock(mutex_);
+    if (stopping_.exchange(true)) return;
+    for (Peer& peer : peers_) peers.push_back(&peer);
+  }
+  if (acceptor_.joinable()) acceptor_.join();  // adds no peer once stopping_ is set
+  for (Peer* peer : peers) peer->link->close("shutting down", true);
+  for (Peer* peer : peers)
+    if (peer->reader.joinable()) peer->reader.join();  // each posts its goodbye without blocking
 }
 
 void PrefillServer::accept_loop() {
@@ -40,6 +44,7 @@ void PrefillServer::accept_loop() {
     if (!socket.valid()) continue;
     const std::string name = socket.peer_name();
     std::lock_guard lock(mutex_);
+    if (stopping_) break;
     if (int(peers_.size()) >= options_.max_peers) {
       spdlog::warn("peer {}: refused: {} peer links are open (the limit)", name, peers_.size());
       continue;  // the socket closes here
@@ -109,6 +114,7 @@ void PrefillServer::forget_peer(Peer* peer, Engine& engine) {
     return true;
   });
   std::lock_guard lock(mutex_);
+  if (stopping_) return;  // stop() joins the readers
   auto it = std::find_if(peers_.begin(), peers_.end(), [&](const Peer& p) { return &p == peer; });
   if (it == peers_.end()) return;
   if (it->reader.joinable()) it->reader.join();

@@ -39,9 +39,11 @@ class PrefillServer final : public server::EngineHook {
   // Listens at once (throws Error(kInvalidArgument) when it cannot); peers are served after
   // start(). The model's KV pool must be allocated (the engine exists).
   PrefillServer(Model& model, PrefillServerOptions options, TransferMetrics& metrics);
-  ~PrefillServer() override;  // stop()
+  // stop(); the engine service's thread must have ended (it may hold this server's peers).
+  ~PrefillServer() override;
 
   void start(server::EngineService& service);
+  // Closes every peer link and joins its threads; before the engine service stops.
   void stop();
   int port() const { return port_; }
 

@@ -82,7 +82,7 @@ void RemotePrefill::run_peer(Peer& peer) {
       spdlog::info("prefill server {}: connected", peer.address);
       was_down_logged = false;
       if (service_) service_->wake();  // queued requests may go there now
-      read_link(*link);
+      read_link(link);
     } catch (const std::exception& e) {  // connect or handshake failed
       if (!was_down_logged) spdlog::warn("prefill server {}: not available: {} (retrying every {} ms)", peer.address,
                                          e.what(), options_.reconnect_interval.count());
@@ -100,7 +100,8 @@ void RemotePrefill::run_peer(Peer& peer) {
   }
 }
 
-void RemotePrefill::read_link(Link& link) {
+void RemotePrefill::read_link(const std::shared_ptr<Link>& shared) {
+  Link& link = *shared;
   PeerLink& peer = link.peer;
   std::string reason;
   try {
@@ -113,14 +114,12 @@ void RemotePrefill::read_link(Link& link) {
           break;
         case MessageType::kPrefillDone: {
           const PrefillDone done = parse_prefill_done(peer.read_payload(header, deadline));
-          post({.link = std::shared_ptr<Link>(std::shared_ptr<Link>{}, &link), .request_id = done.request_id,
-                .first_token = done.first_token});
+          post({.link = shared, .request_id = done.request_id, .first_token = done.first_token});
           break;
         }
         case MessageType::kPrefillFailed: {
           const PrefillFailed failed = parse_prefill_failed(peer.read_payload(header, deadline));
-          post({.link = std::shared_ptr<Link>(std::shared_ptr<Link>{}, &link), .request_id = failed.request_id,
-                .error = failed.reason});
+          post({.link = shared, .request_id = failed.request_id, .error = failed.reason});
           break;
         }
         default:

@@ -85,7 +85,7 @@ class RemotePrefill final : public server::EngineHook {
   };
 
   void run_peer(Peer& peer);
-  void read_link(Link& link);
+  void read_link(const std::shared_ptr<Link>& link);
   void post(Answer answer);
   std::shared_ptr<Link> link_of(Peer& peer);
   Peer* least_loaded(const std::vector<Peer*>& exclude);

@@ -220,8 +220,10 @@ std::vector<Engine::ScheduledChunk> Engine::schedule() {
       continue;
     }
     // Out of blocks. Alone, the sequence has filled the whole KV cache and can never grow: it
-    // ends (finish reason length). Otherwise preempt the most recently admitted sequence
-    // (possibly this one) and retry.
+    // ends (finish reason length), unless remote prefills hold blocks (they come back as
+    // sequences that can be preempted: wait for them). Otherwise preempt the most recently
+    // admitted sequence (possibly this one) and retry.
+    if (running_.size() == 1 && !remote_prefilling_.empty()) break;
     if (running_.size() == 1) {
       seq.kv_exhausted = true;
       break;
