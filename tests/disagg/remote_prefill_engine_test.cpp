@@ -146,7 +146,9 @@ TEST_F(RemotePrefillEngine, DecodePrefixCacheHitSkipsItsBlocks) {
 }
 
 TEST_F(RemotePrefillEngine, FrameThatLiesAboutItsBlocksIsRefused) {
+  // The engines allocate their models' KV pools.
   Engine prefill(prefill_->model, *tokenizer_, {.num_kv_blocks = 64});
+  Engine decode(decode_->model, *tokenizer_, {.num_kv_blocks = 64});
   TcpKvTransport tx(*sender_), rx(*receiver_);
   tx.register_pool(prefill_->backend, prefill_->model.config().num_layers);
   rx.register_pool(decode_->backend, decode_->model.config().num_layers);
