@@ -4,7 +4,7 @@ JOBS ?= $(shell nproc)
 CMAKE_FLAGS ?=
 FUZZ_SECONDS ?= 60
 PROMPT ?= What is the capital of France? Answer in one sentence.
-FUZZ_TARGETS = gguf safetensors tokenizer http openai_request
+FUZZ_TARGETS = gguf safetensors tokenizer http openai_request disagg_wire
 
 .PHONY: setup build run test test-asan fuzz gpu-test clean
 

@@ -24,6 +24,8 @@ packages=(
   nlohmann-json3-dev libcli11-dev
   # logging (Debian's spdlog is built against the shared fmt 9)
   libspdlog-dev libspdlog1.10 libfmt-dev libfmt9
+  # HMAC-SHA256 for disaggregated serving's peer key
+  libssl-dev libssl3
   # tests (GTestConfig.cmake imports the gmock targets too, so both are needed)
   libgtest-dev libgmock-dev
   # pkg-config, in case the device has none

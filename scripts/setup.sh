@@ -7,6 +7,7 @@ packages=(
   build-essential cmake ninja-build pkg-config ccache git
   clang libclang-rt-14-dev           # libFuzzer and sanitizers
   libopenblas-dev libpcre2-dev nlohmann-json3-dev libcli11-dev libspdlog-dev libfmt-dev
+  libssl-dev                         # HMAC-SHA256 for the peer key of disaggregated serving
   libgtest-dev libgmock-dev libbenchmark-dev
   python3 python3-pip
   chromium                           # tests/server/browser_test.py drives the chat page headless

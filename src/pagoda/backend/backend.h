@@ -117,6 +117,12 @@ class Backend {
   virtual size_t allocate_kv_cache(const kv::KvCacheConfig& config) = 0;
   // Copies KV block src to dst in every layer (copy on write of a shared partial block).
   virtual void copy_kv_block(int32_t src, int32_t dst) = 0;
+  // Whole KV pages (one block of one layer's K or V pool, kv_page_bytes() each) to and from host
+  // memory, for moving a request's KV between servers (disagg/): the pages of `blocks` in
+  // `layer`, their K pages in order, then their V pages.
+  virtual size_t kv_page_bytes() const = 0;
+  virtual void read_kv_pages(int layer, std::span<const int32_t> blocks, std::byte* dst) = 0;
+  virtual void write_kv_pages(int layer, std::span<const int32_t> blocks, const std::byte* src) = 0;
   // Rotary embedding (rotate-half pairing, step.positions, step.rope_inv_freq) of the q and k
   // heads of qkv [rows, (q_heads + 2 kv_heads) * head_dim]: the rotated q goes to q [rows,
   // q_heads, head_dim]; the rotated k and the v of each row are stored in layer's KV cache at

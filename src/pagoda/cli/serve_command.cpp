@@ -21,6 +21,7 @@
 
 #include "pagoda/cli/commands.h"
 #include "pagoda/cli/flags.h"
+#include "pagoda/cli/serve_roles.h"
 #include "pagoda/core/default_model.h"
 #include "pagoda/core/error.h"
 #include "pagoda/http/server.h"
@@ -92,6 +93,7 @@ void register_serve(CLI::App& app) {
     int max_connections = 512;
     std::string served_model_name;
     std::string chat_template;
+    RoleFlags role;
   };
   auto flags = std::make_shared<Flags>();
   CLI::App* cmd = app.add_subcommand("serve", "serve the model over an OpenAI-compatible HTTP API");
@@ -106,6 +108,7 @@ void register_serve(CLI::App& app) {
   cmd->add_option("--max-connections", flags->max_connections, "open connections; past them the longest-idle one is closed, or 503 if none is idle (default 512)");
   cmd->add_option("--served-model-name", flags->served_model_name, "the model's id in the API (default: its file name)");
   cmd->add_option("--chat-template", flags->chat_template, "chatml, llama3 or llama2 (default: from the model)");
+  add_role_flags(*cmd, flags->role);
   cmd->callback([flags] {
     if (flags->port < 0 || flags->port > 65535) fail(ErrorKind::kInvalidArgument, "--port must be in [0, 65535]");
     if (flags->max_queue < 1 || flags->max_queue > 1'000'000)
@@ -115,6 +118,7 @@ void register_serve(CLI::App& app) {
     if (flags->max_connections < 1 || flags->max_connections > 65536)
       fail(ErrorKind::kInvalidArgument, "--max-connections must be in [1, 65536]");
     if (!flags->chat_template.empty()) chat_template_by_name(flags->chat_template);  // fail before loading
+    check_role_flags(flags->role);
 
     start_signal_thread();
     Session session(flags->model);
@@ -127,7 +131,15 @@ void register_serve(CLI::App& app) {
                                      .model_id = model_id,
                                      .max_context = session.model->config().max_context};
     server::Metrics metrics;
-    server::EngineService service(engine, metrics, flags->max_queue);
+    ServeRole role(flags->role, *session.model, metrics);
+    server::EngineService service(engine, metrics, flags->max_queue, role.hook());
+    role.start(service);
+    // The peer links' threads wake the engine service: they end before it does, however this
+    // scope is left.
+    struct StopRoleFirst {
+      ServeRole& role;
+      ~StopRoleFirst() { role.stop(); }
+    } stop_role_first{role};
     server::Api api(model, service, metrics, {.api_key = flags->api_key, .metrics_key = flags->metrics_key});
 
     http::ServerOptions options{.host = flags->host,
@@ -148,6 +160,7 @@ void register_serve(CLI::App& app) {
     std::fprintf(stderr, "pagoda serve: listening on http://%s:%d\n", flags->host.c_str(), server.port());
     server.run();
     g_server.store(nullptr);
+    role.stop();
     service.stop();
     std::fprintf(stderr, "pagoda serve: stopped\n");
   });

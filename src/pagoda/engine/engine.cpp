@@ -43,7 +43,9 @@ struct Engine::Sequence {
         num_prompt(int32_t(tokens.size())),
         sampler(params),
         decoder(tokenizer),
-        stop(params.stop) {}
+        stop(params.stop),
+        prefill_remotely(request.prefill_remotely),
+        keep_kv(request.keep_kv) {}
 
   RequestId id;
   SamplingParams params;
@@ -57,6 +59,8 @@ struct Engine::Sequence {
   IncrementalDecoder decoder;
   StopMatcher stop;
   bool kv_exhausted = false;  // alone, it filled the KV cache: it ends with FinishReason::kLength
+  bool prefill_remotely;
+  bool keep_kv;
 
   int32_t pending() const { return int32_t(tokens.size()) - num_computed; }
   int32_t generated() const { return int32_t(tokens.size()) - num_prompt; }
@@ -114,7 +118,8 @@ RequestId Engine::submit(Request request) {
     if (id < 0 || id >= model_.config().vocab_size)
       fail(ErrorKind::kInvalidArgument, "prompt token {} is outside the vocabulary", id);
   const RequestId id = next_id_++;
-  waiting_.push_back(std::make_unique<Sequence>(id, std::move(request), tokenizer_));
+  auto seq = std::make_unique<Sequence>(id, std::move(request), tokenizer_);
+  (seq->prefill_remotely ? remote_queued_ : waiting_).push_back(std::move(seq));
   return id;
 }
 
@@ -125,6 +130,16 @@ void Engine::cancel(RequestId id) {
   } else if (auto run = std::find_if(running_.begin(), running_.end(), matches); run != running_.end()) {
     kv::release((*run)->table, pool_);
     running_.erase(run);
+  } else if (auto queued = std::find_if(remote_queued_.begin(), remote_queued_.end(), matches);
+             queued != remote_queued_.end()) {
+    remote_queued_.erase(queued);
+  } else if (auto remote = std::find_if(remote_prefilling_.begin(), remote_prefilling_.end(), matches);
+             remote != remote_prefilling_.end()) {
+    kv::release((*remote)->table, pool_);
+    remote_prefilling_.erase(remote);
+  } else if (kept_kv_.contains(id)) {
+    release_kept_kv(id);
+    return;  // it has reported its finish already
   } else {
     return;  // unknown or already finished
   }
@@ -205,8 +220,10 @@ std::vector<Engine::ScheduledChunk> Engine::schedule() {
       continue;
     }
     // Out of blocks. Alone, the sequence has filled the whole KV cache and can never grow: it
-    // ends (finish reason length). Otherwise preempt the most recently admitted sequence
-    // (possibly this one) and retry.
+    // ends (finish reason length), unless remote prefills hold blocks (they come back as
+    // sequences that can be preempted: wait for them). Otherwise preempt the most recently
+    // admitted sequence (possibly this one) and retry.
+    if (running_.size() == 1 && !remote_prefilling_.empty()) break;
     if (running_.size() == 1) {
       seq.kv_exhausted = true;
       break;
@@ -361,10 +378,87 @@ std::vector<TokenEvent> Engine::step() {
     if (events.back().finish != FinishReason::kNone) finished.push_back(&seq);
   }
   for (Sequence* seq : finished) {
-    kv::release(seq->table, pool_);
+    release_finished(*seq);
     std::erase_if(running_, [&](const auto& s) { return s.get() == seq; });
   }
   return events;
+}
+
+void Engine::release_finished(Sequence& seq) {
+  if (seq.keep_kv)
+    kept_kv_[seq.id] = std::exchange(seq.table, {});
+  else
+    kv::release(seq.table, pool_);
+}
+
+std::vector<Engine::RemotePrefill> Engine::start_remote_prefills() {
+  std::vector<RemotePrefill> started;
+  while (!remote_queued_.empty() &&
+         int32_t(running_.size() + remote_prefilling_.size()) < options_.max_batch) {
+    Sequence& seq = *remote_queued_.front();
+    reuse_cached_prefix(seq);
+    // Blocks for the whole prompt; its KV arrives for all but the cached ones. Decoding
+    // sequences come first: a queued request waits for blocks rather than preempt anyone.
+    if (!grow(seq, seq.num_prompt - seq.num_computed)) {
+      forget_kv(seq);
+      break;
+    }
+    if (!seq.admitted_before) stats_.prefix_hit_tokens += seq.num_computed;
+    seq.admitted_before = true;
+    started.push_back({.id = seq.id,
+                       .prompt = seq.tokens,
+                       .params = seq.params,
+                       .block_ids = seq.table.block_ids,
+                       .cached_blocks = seq.num_blocks_cached});
+    remote_prefilling_.push_back(std::move(remote_queued_.front()));
+    remote_queued_.pop_front();
+  }
+  return started;
+}
+
+bool Engine::complete_remote_prefill(RequestId id, int32_t first_token) {
+  auto it = std::find_if(remote_prefilling_.begin(), remote_prefilling_.end(),
+                         [id](const auto& s) { return s->id == id; });
+  if (it == remote_prefilling_.end()) return false;
+  if (first_token < 0 || first_token >= tokenizer_.vocab_size())
+    fail(ErrorKind::kInvalidArgument, "first token {} is outside the vocabulary", first_token);
+  Sequence& seq = **it;
+  seq.num_computed = seq.num_prompt;
+  // The prefill server drew one number for it (host sampler, not greedy): stay in step with it.
+  if (!model_.backend().can_sample() || needs_host_sampler(seq.params)) seq.sampler.skip(1);
+  running_.push_back(std::move(*it));
+  remote_prefilling_.erase(it);
+  unreported_.push_back(accept_token(seq, SampledToken{.token = first_token}));
+  if (unreported_.back().finish != FinishReason::kNone) {
+    kv::release(seq.table, pool_);
+    std::erase_if(running_, [&](const auto& s) { return s.get() == &seq; });
+  }
+  return true;
+}
+
+void Engine::fail_remote_prefill(RequestId id) {
+  auto it = std::find_if(remote_prefilling_.begin(), remote_prefilling_.end(),
+                         [id](const auto& s) { return s->id == id; });
+  if (it == remote_prefilling_.end()) return;
+  forget_kv(**it);
+  waiting_.push_front(std::move(*it));
+  remote_prefilling_.erase(it);
+}
+
+bool Engine::remote_prefill_pending(RequestId id) const {
+  return std::any_of(remote_prefilling_.begin(), remote_prefilling_.end(), [id](const auto& s) { return s->id == id; });
+}
+
+const kv::BlockTable* Engine::kept_kv(RequestId id) const {
+  auto it = kept_kv_.find(id);
+  return it == kept_kv_.end() ? nullptr : &it->second;
+}
+
+void Engine::release_kept_kv(RequestId id) {
+  auto it = kept_kv_.find(id);
+  if (it == kept_kv_.end()) return;
+  kv::release(it->second, pool_);
+  kept_kv_.erase(it);
 }
 
 }  // namespace pagoda

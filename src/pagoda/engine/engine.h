@@ -18,6 +18,7 @@
 #include <deque>
 #include <memory>
 #include <optional>
+#include <unordered_map>
 #include <vector>
 
 #include "pagoda/engine/request.h"
@@ -70,7 +71,7 @@ class Engine {
   }
 
   int32_t num_running() const { return int32_t(running_.size()); }
-  int32_t num_waiting() const { return int32_t(waiting_.size()); }
+  int32_t num_waiting() const { return int32_t(waiting_.size() + remote_queued_.size()); }
   int32_t num_free_blocks() const { return pool_.num_free(); }  // free in the pool (cached blocks are not)
   int32_t num_kv_blocks() const { return pool_.num_blocks(); }
   int32_t num_cached_blocks() const { return cache_.num_cached_blocks(); }
@@ -78,6 +79,34 @@ class Engine {
   // are the blocks requests hold.
   int32_t num_evictable_blocks() const { return cache_.num_evictable_blocks(); }
   const EngineStats& stats() const { return stats_; }
+
+  // Disaggregated serving (disagg/, docs/disaggregation.md). On a decode server, a request
+  // submitted with prefill_remotely waits in a queue of its own; start_remote_prefills() gives
+  // each that fits (a batch slot, and KV blocks for its prompt after its longest cached prefix)
+  // its blocks and returns it, to be sent to a prefill server. Once its pages are written into
+  // the blocks, complete_remote_prefill() makes it a decoding sequence with its first token (the
+  // token's event comes with the next step); fail_remote_prefill() frees its blocks and queues it
+  // for prefill here instead.
+  struct RemotePrefill {
+    RequestId id = 0;
+    std::vector<int32_t> prompt;
+    SamplingParams params;           // seed set
+    std::vector<kv::BlockId> block_ids;  // covers the prompt
+    int32_t cached_blocks = 0;       // leading blocks from the prefix cache: their KV is here
+  };
+  std::vector<RemotePrefill> start_remote_prefills();
+  // Throws Error(kInvalidArgument) for a token outside the vocabulary (then nothing changed).
+  // Returns false, doing nothing, when the request is no longer waiting for its KV (cancelled).
+  bool complete_remote_prefill(RequestId id, int32_t first_token);
+  void fail_remote_prefill(RequestId id);
+  bool remote_prefill_pending(RequestId id) const;
+  int32_t num_remote_queued() const { return int32_t(remote_queued_.size()); }
+  int32_t num_remote_prefilling() const { return int32_t(remote_prefilling_.size()); }
+  // On a prefill server, a request submitted with keep_kv keeps its blocks after it finishes
+  // (its last event), so that its pages can be read and sent; release_kept_kv frees them.
+  // Null when the request kept nothing (unknown, or cancelled).
+  const kv::BlockTable* kept_kv(RequestId id) const;
+  void release_kept_kv(RequestId id);
 
  private:
   struct Sequence;
@@ -94,6 +123,7 @@ class Engine {
   void cache_full_blocks(Sequence& seq);
   void preempt(Sequence& victim);
   void finish(Sequence& seq, FinishReason reason, std::vector<TokenEvent>& events);
+  void release_finished(Sequence& seq);
   TokenEvent accept_token(Sequence& seq, const SampledToken& sampled);
 
   Model& model_;
@@ -105,6 +135,9 @@ class Engine {
   std::deque<std::unique_ptr<Sequence>> waiting_;
   std::vector<std::unique_ptr<Sequence>> running_;  // in admission order
   std::vector<RequestId> cancelled_;
+  std::deque<std::unique_ptr<Sequence>> remote_queued_;       // prefill_remotely, no KV yet
+  std::vector<std::unique_ptr<Sequence>> remote_prefilling_;  // holding blocks, KV on its way
+  std::unordered_map<RequestId, kv::BlockTable> kept_kv_;
   std::vector<TokenEvent> unreported_;  // made by a step whose forward pass threw
   std::vector<int32_t> model_stop_ids_;
   EngineStats stats_;

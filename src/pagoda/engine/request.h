@@ -15,6 +15,11 @@ using RequestId = int64_t;
 struct Request {
   std::vector<int32_t> prompt;  // token ids, BOS included when the model wants one
   SamplingParams params;
+  // Disaggregated serving (disagg/, Engine's remote prefill): a prefill server computes the
+  // prompt's KV and first token (decode server), or the KV outlives the request until
+  // release_kept_kv so that it can be sent (prefill server).
+  bool prefill_remotely = false;
+  bool keep_kv = false;
 };
 
 enum class FinishReason : uint8_t {

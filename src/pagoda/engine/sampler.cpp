@@ -81,6 +81,11 @@ Sampler::Sampler(const SamplingParams& params) : params_(params) {
   rng_.seed(initial_seed(params_));
 }
 
+void Sampler::skip(int32_t tokens) {
+  if (params_.temperature < kGreedyBelowTemperature) return;
+  for (int32_t i = 0; i < tokens; ++i) rng_();
+}
+
 bool Sampler::Cut::survives(const Candidate& c) const {
   return (!by_rank || !RanksBefore{}(last, c)) && c.weight >= min_weight;
 }

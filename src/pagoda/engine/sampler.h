@@ -75,6 +75,9 @@ class Sampler {
   // token_ids: prompt + output so far; its first num_prompt_tokens are the prompt.
   SampledToken sample(std::span<float> logits, std::span<const int32_t> token_ids,
                       size_t num_prompt_tokens);
+  // Advances the RNG as sampling `tokens` tokens would have (not at all when greedy): another
+  // server sampled them with the same seed (disaggregated prefill sends the first token).
+  void skip(int32_t tokens);
 
  private:
   struct Candidate {

@@ -55,8 +55,8 @@ void GenerationStream::fail(std::string message) {
   ready_.notify_all();
 }
 
-EngineService::EngineService(Engine& engine, Metrics& metrics, int32_t max_queue)
-    : engine_(engine), metrics_(metrics), max_queue_(max_queue) {
+EngineService::EngineService(Engine& engine, Metrics& metrics, int32_t max_queue, EngineHook* hook)
+    : engine_(engine), metrics_(metrics), max_queue_(max_queue), hook_(hook) {
   publish_gauges();
   thread_ = std::thread([this] { loop(); });
 }
@@ -86,6 +86,14 @@ std::shared_ptr<GenerationStream> EngineService::submit(std::vector<Request> cho
   return stream;
 }
 
+void EngineService::wake() {
+  {
+    std::lock_guard lock(inbox_mutex_);
+    woken_ = true;
+  }
+  inbox_ready_.notify_all();
+}
+
 void EngineService::cancel(const std::shared_ptr<GenerationStream>& stream) {
   {
     std::lock_guard lock(inbox_mutex_);
@@ -110,7 +118,10 @@ void EngineService::accept(Submission& s) {
   }
   std::vector<RequestId> ids;
   try {
-    for (Request& request : s.choices) ids.push_back(engine_.submit(std::move(request)));
+    for (Request& request : s.choices) {
+      if (hook_) hook_->prepare(request);
+      ids.push_back(engine_.submit(std::move(request)));
+    }
   } catch (const std::exception& e) {
     for (RequestId id : ids) engine_.cancel(id);  // all of a request's choices run, or none
     const auto* error = dynamic_cast<const Error*>(&e);
@@ -174,9 +185,10 @@ void EngineService::loop() {
     {
       std::unique_lock lock(inbox_mutex_);
       inbox_ready_.wait(lock, [&] {
-        return stopping_ || !submissions_.empty() || !cancellations_.empty() || engine_.has_work();
+        return stopping_ || woken_ || !submissions_.empty() || !cancellations_.empty() || engine_.has_work();
       });
       if (stopping_) break;
+      woken_ = false;
       submissions.swap(submissions_);
       cancellations.swap(cancellations_);
     }
@@ -189,7 +201,12 @@ void EngineService::loop() {
           return true;
         });
       }
-      if (engine_.has_work()) deliver(engine_.step());
+      if (hook_) hook_->before_step(engine_);
+      if (engine_.has_work()) {
+        std::vector<TokenEvent> events = engine_.step();
+        if (hook_) hook_->after_step(engine_, events);
+        deliver(std::move(events));
+      }
       publish_gauges();
     } catch (...) {
       // A step that throws has put its sequences back in the engine's queue; retrying it would

@@ -53,10 +53,24 @@ class GenerationStream {
   std::string error_;
 };
 
+// Work that shares the engine thread with the API requests: disaggregated serving's (disagg/)
+// prefill jobs from decode peers, or remote prefills of a decode server's requests.
+class EngineHook {
+ public:
+  virtual ~EngineHook() = default;
+  // Each engine request of an API request, before the engine gets it (engine thread).
+  virtual void prepare(Request& /*request*/) {}
+  // On the engine thread, before each step.
+  virtual void before_step(Engine& engine) = 0;
+  // A step's events, before they go to the API streams: the hook takes those that are its own.
+  virtual void after_step(Engine& engine, std::vector<TokenEvent>& events) = 0;
+};
+
 class EngineService {
  public:
   // max_queue: requests (engine sequences) that may wait for admission; more get 429.
-  EngineService(Engine& engine, Metrics& metrics, int32_t max_queue);
+  // hook: null, or work of its own on the engine thread (outlives the service).
+  EngineService(Engine& engine, Metrics& metrics, int32_t max_queue, EngineHook* hook = nullptr);
   ~EngineService();  // stop()
 
   // Queues one engine request per choice and returns once the engine thread has accepted them
@@ -67,6 +81,8 @@ class EngineService {
   void cancel(const std::shared_ptr<GenerationStream>& stream);
   // Ends the engine thread; requests still running are dropped (drain before calling this).
   void stop();
+  // Runs the engine thread's loop once more even without new requests: the hook has news.
+  void wake();
 
  private:
   struct Submission {
@@ -89,12 +105,14 @@ class EngineService {
   Engine& engine_;
   Metrics& metrics_;
   int32_t max_queue_;
+  EngineHook* hook_;
 
   std::mutex inbox_mutex_;
   std::condition_variable inbox_ready_;
   std::deque<Submission> submissions_;
   std::vector<std::shared_ptr<GenerationStream>> cancellations_;
   bool stopping_ = false;
+  bool woken_ = false;
 
   // Engine thread only.
   std::unordered_map<RequestId, Tracked> tracked_;

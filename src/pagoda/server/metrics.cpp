@@ -74,9 +74,12 @@ EngineGauges Metrics::gauges() const {
   return gauges_;
 }
 
+void Metrics::add_section(std::function<void(std::string& out)> section) { sections_.push_back(std::move(section)); }
+
 std::string Metrics::render() const {
-  std::lock_guard lock(mutex_);
   std::string out;
+  for (const auto& section : sections_) section(out);
+  std::lock_guard lock(mutex_);
   out += "# HELP pagoda_requests_total API requests by HTTP status (499: the client disconnected)\n"
          "# TYPE pagoda_requests_total counter\n";
   for (const auto& [status, count] : requests_by_status_)

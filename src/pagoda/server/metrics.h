@@ -5,6 +5,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <mutex>
 #include <string>
@@ -48,6 +49,9 @@ class Metrics {
 
   EngineGauges gauges() const;
   std::string render() const;
+  // Another part of the server's metrics (disaggregated serving's), appended to render()'s text;
+  // called without this object's lock held. Set before the server starts.
+  void add_section(std::function<void(std::string& out)> section);
 
  private:
   mutable std::mutex mutex_;
@@ -59,6 +63,7 @@ class Metrics {
   Histogram time_to_first_token_;
   Histogram time_per_output_token_;
   EngineGauges gauges_;
+  std::vector<std::function<void(std::string&)>> sections_;
 };
 
 }  // namespace pagoda::server

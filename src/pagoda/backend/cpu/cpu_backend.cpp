@@ -76,6 +76,43 @@ size_t CpuBackend::allocate_kv_cache(const kv::KvCacheConfig& config) {
 
 void CpuBackend::copy_kv_block(int32_t src, int32_t dst) { cache_->copy_block(src, dst); }
 
+size_t CpuBackend::kv_page_bytes() const {
+  if (!cache_) fail(ErrorKind::kInternal, "kv_page_bytes before allocate_kv_cache");
+  const PagedKv pool = cache_->layer(0);
+  return size_t(pool.page_stride) * dtype_size(pool.dtype);
+}
+
+namespace {
+
+// Where block `id`'s page starts in each pool of `pool`, checked against the pool's size.
+size_t page_offset(const PagedKv& pool, int32_t id, size_t page_bytes) {
+  if (id < 0 || id >= pool.num_blocks)
+    fail(ErrorKind::kInvalidArgument, "KV page of block {} outside the pool's {} blocks", id, pool.num_blocks);
+  return size_t(id) * page_bytes;
+}
+
+}  // namespace
+
+void CpuBackend::read_kv_pages(int layer, std::span<const int32_t> blocks, std::byte* dst) {
+  const PagedKv pool = cache_->layer(layer);
+  const size_t page = kv_page_bytes();
+  for (const void* base : {pool.k, pool.v})
+    for (int32_t id : blocks) {
+      std::memcpy(dst, static_cast<const std::byte*>(base) + page_offset(pool, id, page), page);
+      dst += page;
+    }
+}
+
+void CpuBackend::write_kv_pages(int layer, std::span<const int32_t> blocks, const std::byte* src) {
+  const PagedKv pool = cache_->layer(layer);
+  const size_t page = kv_page_bytes();
+  for (void* base : {pool.k, pool.v})
+    for (int32_t id : blocks) {
+      std::memcpy(static_cast<std::byte*>(base) + page_offset(pool, id, page), src, page);
+      src += page;
+    }
+}
+
 void CpuBackend::rope_append_kv(int layer, const StepBatch& step, const Tensor& qkv, Tensor q) {
   if (!cache_) fail(ErrorKind::kInternal, "rope_append_kv before allocate_kv_cache");
   const attention::AttentionShape& shape = step.shape;

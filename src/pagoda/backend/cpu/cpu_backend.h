@@ -32,6 +32,9 @@ class CpuBackend final : public Backend {
 
   size_t allocate_kv_cache(const kv::KvCacheConfig& config) override;
   void copy_kv_block(int32_t src, int32_t dst) override;
+  size_t kv_page_bytes() const override;
+  void read_kv_pages(int layer, std::span<const int32_t> blocks, std::byte* dst) override;
+  void write_kv_pages(int layer, std::span<const int32_t> blocks, const std::byte* src) override;
   void rope_append_kv(int layer, const StepBatch& step, const Tensor& qkv, Tensor q) override;
   void attention(int layer, const StepBatch& step, const Tensor& q, Tensor out) override;
   attention::DeviceInfo device_info() const override;

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <array>
+#include <cstring>
 
 #include "pagoda/backend/cuda/check.h"
 #include "pagoda/backend/cuda/layer_ops.h"
@@ -54,6 +55,7 @@ CudaBackend::CudaBackend(DType dtype, const CudaBackendOptions& options) : dtype
 
 CudaBackend::~CudaBackend() {
   graphs_.clear();
+  if (kv_staging_) cudaFreeHost(kv_staging_);
   if (stream_) cudaStreamDestroy(stream_);
 }
 
@@ -202,6 +204,54 @@ void CudaBackend::copy_kv_block(int32_t src, int32_t dst) {
                        "copy_kv_block");
     }
   }
+}
+
+size_t CudaBackend::kv_page_bytes() const {
+  return size_t(kv_config_.block_size) * size_t(kv_config_.num_kv_heads) * size_t(kv_config_.head_dim) *
+         dtype_size(dtype_);
+}
+
+// Pages go through a pinned staging buffer: copies from pageable memory would be staged by the
+// driver anyway, a page at a time and synchronously.
+std::byte* CudaBackend::kv_staging(size_t bytes) {
+  if (bytes > kv_staging_bytes_) {
+    if (kv_staging_) cudaFreeHost(kv_staging_);
+    kv_staging_ = nullptr;
+    kv_staging_bytes_ = 0;
+    cuda::check_cuda(cudaMallocHost(&kv_staging_, bytes), "pinned KV staging");
+    kv_staging_bytes_ = bytes;
+  }
+  return static_cast<std::byte*>(kv_staging_);
+}
+
+void CudaBackend::copy_kv_pages(int layer, std::span<const int32_t> blocks, std::byte* staging, bool to_device) {
+  const PagedKv& kv = kv_layers_.at(size_t(layer));
+  const size_t page = kv_page_bytes();
+  for (void* pool : {kv.k, kv.v})
+    for (int32_t id : blocks) {
+      if (id < 0 || id >= kv.num_blocks)
+        fail(ErrorKind::kInvalidArgument, "KV page of block {} outside the pool's {} blocks", id, kv.num_blocks);
+      std::byte* device = static_cast<std::byte*>(pool) + size_t(id) * page;
+      cuda::check_cuda(to_device ? cudaMemcpyAsync(device, staging, page, cudaMemcpyHostToDevice, stream_)
+                                 : cudaMemcpyAsync(staging, device, page, cudaMemcpyDeviceToHost, stream_),
+                       "KV page copy");
+      staging += page;
+    }
+  cuda::check_cuda(cudaStreamSynchronize(stream_), "KV page copy");
+}
+
+void CudaBackend::read_kv_pages(int layer, std::span<const int32_t> blocks, std::byte* dst) {
+  const size_t bytes = 2 * blocks.size() * kv_page_bytes();
+  std::byte* staging = kv_staging(bytes);
+  copy_kv_pages(layer, blocks, staging, false);
+  std::memcpy(dst, staging, bytes);
+}
+
+void CudaBackend::write_kv_pages(int layer, std::span<const int32_t> blocks, const std::byte* src) {
+  const size_t bytes = 2 * blocks.size() * kv_page_bytes();
+  std::byte* staging = kv_staging(bytes);
+  std::memcpy(staging, src, bytes);
+  copy_kv_pages(layer, blocks, staging, true);
 }
 
 void CudaBackend::rope_append_kv(int layer, const StepBatch& step, const Tensor& qkv, Tensor q) {

@@ -63,6 +63,9 @@ class CudaBackend final : public Backend {
 
   size_t allocate_kv_cache(const kv::KvCacheConfig& config) override;
   void copy_kv_block(int32_t src, int32_t dst) override;
+  size_t kv_page_bytes() const override;
+  void read_kv_pages(int layer, std::span<const int32_t> blocks, std::byte* dst) override;
+  void write_kv_pages(int layer, std::span<const int32_t> blocks, const std::byte* src) override;
   void rope_append_kv(int layer, const StepBatch& step, const Tensor& qkv, Tensor q) override;
   void attention(int layer, const StepBatch& step, const Tensor& q, Tensor out) override;
   attention::DeviceInfo device_info() const override { return device_info_; }
@@ -88,6 +91,8 @@ class CudaBackend final : public Backend {
   // The generation of every buffer a padded decode step reads (GraphKey::generation): the sum of
   // counts that only grow, so it changes whenever one of them does.
   uint64_t buffers_generation() const;
+  std::byte* kv_staging(size_t bytes);
+  void copy_kv_pages(int layer, std::span<const int32_t> blocks, std::byte* staging, bool to_device);
 
   DType dtype_;
   CudaBackendOptions options_;
@@ -103,6 +108,8 @@ class CudaBackend final : public Backend {
   std::shared_ptr<Buffer> kv_storage_;
   std::vector<PagedKv> kv_layers_;
   std::vector<cuda::KvTensorMaps> kv_maps_;  // kv_layers_' tensor maps, made at the first prefix step
+  void* kv_staging_ = nullptr;  // pinned host memory for read_kv_pages / write_kv_pages
+  size_t kv_staging_bytes_ = 0;
   attention::DeviceInfo device_info_;
 
   // The step's metadata on the device (begin_step).

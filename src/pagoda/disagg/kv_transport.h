@@ -1,0 +1,51 @@
+// KvTransport: moves the KV pages of a request between a prefill server's pool and a decode
+// server's (docs/disaggregation.md). The control messages (which request, which blocks, the
+// first token) travel separately, over the peer link; a transport moves pages only.
+//
+// One transport per peer connection. The sender's engine thread calls send() once the pages are
+// computed; the receiver's engine thread posts receive() before asking for the prefill, and
+// poll() reports each transfer once: completed (its pages are in the registered pool) or failed.
+// Implementations: TcpKvTransport (host memory over the peer link's TCP connection; a GPU pool
+// is staged through pinned host memory by the backend). A GPU-to-GPU transport (NCCL
+// point-to-point) would post layer-by-layer sends and receives on a stream of its own and report
+// them through the same poll().
+#pragma once
+
+#include <cstdint>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "pagoda/backend/backend.h"
+
+namespace pagoda::disagg {
+
+struct TransferEvent {
+  uint64_t request_id = 0;
+  bool ok = false;
+  std::string error;    // why it failed
+  uint64_t bytes = 0;   // page bytes moved
+  double seconds = 0;   // from the first byte to the last
+};
+
+class KvTransport {
+ public:
+  virtual ~KvTransport() = default;
+  // The pool pages are read from and written to (the engine's backend), before any transfer.
+  virtual void register_pool(Backend& backend, int32_t num_layers) = 0;
+  // Sends the pages of `blocks` in layers [first_layer, first_layer + num_layers) for request
+  // `request_id`. Engine thread: the pages are read before it returns.
+  virtual void send(uint64_t request_id, std::span<const int32_t> blocks, int32_t first_layer, int32_t num_layers) = 0;
+  // Expects those pages for request `request_id`, to be written into `blocks` of the pool.
+  virtual void receive(uint64_t request_id, std::span<const int32_t> blocks, int32_t first_layer,
+                       int32_t num_layers) = 0;
+  // Its blocks are no longer its own (the request was cancelled or moved elsewhere): pages that
+  // still arrive for it are dropped, never written.
+  virtual void cancel_receive(uint64_t request_id) = 0;
+  // The peer answered without pages (it failed the request): nothing more will come for it.
+  virtual void forget(uint64_t request_id) = 0;
+  // Transfers finished since the last call. Engine thread.
+  virtual std::vector<TransferEvent> poll() = 0;
+};
+
+}  // namespace pagoda::disagg
