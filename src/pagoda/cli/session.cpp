@@ -59,8 +59,9 @@ void add_model_flags(CLI::App& app, ModelFlags& flags) {
   app.add_option("-m,--model", flags.path, "GGUF file or Hugging Face folder (default: SmolLM2-135M-Instruct)");
   app.add_option("--backend", flags.backend, "cpu, cuda, or auto (default: cuda when a GPU is present)");
   app.add_option("--weight-dtype", flags.weight_dtype,
-                 "storage of quantized weights: auto (default: f16, bf16 for a bf16 checkpoint), f16, bf16 or f32; on "
-                 "the GPU, of every weight and activation");
+                 "storage of quantized weights: auto (default: the file's q4_0/q4_1/q5_0/q5_1/q8_0/q4_k/q5_k/q6_k "
+                 "blocks on the CPU, else f16, bf16 for a bf16 checkpoint), f16, bf16 or f32; on the GPU, of every "
+                 "weight and activation");
   app.add_option("--attention", flags.attention,
                  "decode attention: paged (a work item per sequence), prefix (prefix-aware packing: blocks the "
                  "batch shares are read once), or auto (default: prefix when the step's sequences share blocks)");
@@ -118,7 +119,10 @@ Session::Session(const ModelFlags& flags)
     fail(ErrorKind::kInvalidArgument, "--attention must be auto, paged or prefix, not '{}'", flags.attention);
   }
   backend = make_backend(flags.backend, weight_dtype, !flags.enforce_eager);
-  model = std::make_unique<Model>(checkpoint, *backend, LoadOptions{.weight_dtype = weight_dtype, .attention = attention});
+  // auto keeps a GGUF file's quantized weights as they are where the backend multiplies them.
+  model = std::make_unique<Model>(
+      checkpoint, *backend,
+      LoadOptions{.weight_dtype = weight_dtype, .keep_quantized = flags.weight_dtype == "auto", .attention = attention});
   engine_options = EngineOptions{.kv_memory_bytes = size_t(flags.kv_memory_mb) << 20,
                                  .max_batch = flags.max_batch,
                                  .max_step_tokens = flags.step_tokens};

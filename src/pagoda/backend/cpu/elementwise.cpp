@@ -4,6 +4,7 @@
 
 #include "pagoda/core/error.h"
 #include "pagoda/core/half.h"
+#include "pagoda/format/dequantize.h"
 
 namespace pagoda::cpu {
 namespace {
@@ -18,6 +19,20 @@ float element(const Tensor& t, int64_t row, int64_t col) {
   }
 }
 
+GgmlType ggml_type(DType t) {
+  switch (t) {
+    case DType::kQ4_0: return GgmlType::kQ4_0;
+    case DType::kQ4_1: return GgmlType::kQ4_1;
+    case DType::kQ5_0: return GgmlType::kQ5_0;
+    case DType::kQ5_1: return GgmlType::kQ5_1;
+    case DType::kQ8_0: return GgmlType::kQ8_0;
+    case DType::kQ4_K: return GgmlType::kQ4_K;
+    case DType::kQ5_K: return GgmlType::kQ5_K;
+    case DType::kQ6_K: return GgmlType::kQ6_K;
+    default: fail(ErrorKind::kUnsupported, "cpu: dtype {} in a quantized table", dtype_name(t));
+  }
+}
+
 }  // namespace
 
 void embed(const Tensor& table, std::span<const int32_t> ids, Tensor out) {
@@ -27,6 +42,11 @@ void embed(const Tensor& table, std::span<const int32_t> ids, Tensor out) {
 #pragma omp parallel for schedule(static)
   for (int64_t r = 0; r < int64_t(ids.size()); ++r) {
     float* dst = out.ptr<float>() + r * out.strides[0];
+    if (is_block_quantized(table.dtype)) {  // a table kept in the file's blocks: one row's worth
+      const auto* row = static_cast<const uint8_t*>(table.data) + dtype_bytes(table.dtype, ids[r] * table.strides[0]);
+      dequantize_row(ggml_type(table.dtype), row, dst, hidden);
+      continue;
+    }
     for (int64_t c = 0; c < hidden; ++c) dst[c] = element(table, ids[r], c);
   }
 }
