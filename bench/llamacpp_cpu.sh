@@ -56,21 +56,23 @@ fi
 
 OUT=${OUT:-bench/results/cpu-llamacpp-$(date -u +%Y%m%d-%H%M)}
 mkdir -p "$OUT"
-RAW="$OUT/raw"
-mkdir -p "$RAW"
+RAW=$(mktemp -d)  # per-round outputs; the summary JSON keeps every round
+trap 'rm -rf "$RAW"' EXIT
 export OMP_NUM_THREADS="$THREADS"
 for round in $(seq 1 "$ROUNDS"); do
   uptime > "$RAW/load_llamacpp_$round.txt"
   # pp: prefill of P tokens; tg at depth P: G decoded tokens after a P-token context, as pagoda's.
-  "$BENCH_BIN" -m "$MODEL" -t "$THREADS" -p "$PROMPT" -n "$GEN" -d "0,$PROMPT" -r 2 -o json > "$RAW/llamacpp_$round.json"
+  # The wait policy pagoda starts with: llama.cpp's OpenMP default (spinning) collapses to ~1
+  # token/s when other processes share the cores. LLAMA_WAIT_POLICY overrides it (empty: the default).
+  OMP_WAIT_POLICY="${LLAMA_WAIT_POLICY-passive}" "$BENCH_BIN" -m "$MODEL" -t "$THREADS" -p "$PROMPT" -n "$GEN" -d "0,$PROMPT" -r 2 -o json > "$RAW/llamacpp_$round.json"
   uptime > "$RAW/load_pagoda_$round.txt"
   "$PAGODA" bench generate -m "$MODEL" --threads "$THREADS" --prompt-tokens "$PROMPT" --gen-tokens "$GEN" \
     --batch 1 --json "$RAW/pagoda_$round.json" > "$RAW/pagoda_$round.txt"
 done
-python3 - "$OUT" "$ROUNDS" "$PROMPT" "$GEN" "$THREADS" "$MODEL" <<'PY'
-import json, pathlib, statistics, subprocess, sys
-out, rounds, prompt, gen, threads, model = pathlib.Path(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5]), sys.argv[6]
-raw = out / "raw"
+python3 - "$OUT" "$RAW" "$ROUNDS" "$PROMPT" "$GEN" "$THREADS" "$MODEL" <<'PY'
+import json, os, pathlib, statistics, subprocess, sys
+out, raw = pathlib.Path(sys.argv[1]), pathlib.Path(sys.argv[2])
+rounds, prompt, gen, threads, model = int(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5]), int(sys.argv[6]), sys.argv[7]
 rows = []
 for r in range(1, rounds + 1):
     ll = json.loads((raw / f"llamacpp_{r}.json").read_text())
@@ -103,6 +105,7 @@ summary["decode_of_weight_bytes_bound"] = summary["pagoda_decode_tok_s"] / summa
 commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
 cpu = next((l.split(":", 1)[1].strip() for l in open("/proc/cpuinfo") if l.startswith("model name")), "?")
 result = {"benchmark": "llamacpp_cpu", "commit": commit, "cpu": cpu, "threads": threads, "model": model,
+          "llama_cpp_omp_wait_policy": os.environ.get("LLAMA_WAIT_POLICY", "passive") or "default",
           "prompt_tokens": prompt, "gen_tokens": gen, "llama_cpp": ll[0].get("build_commit", "?"),
           "bound": "pagoda decode bound: (weight bytes + KV bytes at mean depth) / streaming read bandwidth, "
                    "measured by pagoda bench generate in the same run",
