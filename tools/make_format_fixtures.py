@@ -34,12 +34,12 @@ rng = np.random.default_rng(20240601)
 # which would compare as nan == nan; they are overwritten with finite values instead.
 FP16_FIELDS = {
     T.Q4_0: [0], T.Q4_1: [0, 2], T.Q5_0: [0], T.Q5_1: [0, 2], T.Q8_0: [0],
-    T.Q4_K: [0, 2], T.Q6_K: [208],
+    T.Q4_K: [0, 2], T.Q5_K: [0, 2], T.Q6_K: [208],
 }
 QUANTIZABLE = {T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1, T.Q8_0}
 
 
-def random_blocks(qtype, n_blocks):
+def random_blocks(qtype, n_blocks, rng=rng):
     """Raw random blocks with finite fp16 scales: exercises every bit of the quants."""
     _, type_size = gguf.GGML_QUANT_SIZES[qtype]
     blocks = rng.integers(0, 256, size=(n_blocks, type_size), dtype=np.uint8)
@@ -73,6 +73,14 @@ def dequant_fixtures():
         name = qtype.name.lower()
         blocks.tofile(out / f"{name}.blocks")
         expected.astype("<f4").tofile(out / f"{name}.f32")
+
+
+def q5_k_fixture():
+    """Q5_K, added later: its own generator, so the other fixtures stay as they were."""
+    blocks = random_blocks(T.Q5_K, 12, rng=np.random.default_rng(20261129))
+    expected = gguf.quants.dequantize(blocks, T.Q5_K).astype(np.float32).reshape(-1)
+    blocks.tofile(FIXTURES / "dequant/q5_k.blocks")
+    expected.astype("<f4").tofile(FIXTURES / "dequant/q5_k.f32")
 
 
 def model_path():
@@ -218,4 +226,5 @@ if __name__ == "__main__":
     model_fixture()
     safetensors_fixtures()
     gguf_seeds()
+    q5_k_fixture()
     print("wrote", FIXTURES, "and fuzz/seeds/")

@@ -57,7 +57,8 @@ INSTANTIATE_TEST_SUITE_P(
                       Case{GgmlType::kBF16, "bf16"}, Case{GgmlType::kQ4_0, "q4_0"},
                       Case{GgmlType::kQ4_1, "q4_1"}, Case{GgmlType::kQ5_0, "q5_0"},
                       Case{GgmlType::kQ5_1, "q5_1"}, Case{GgmlType::kQ8_0, "q8_0"},
-                      Case{GgmlType::kQ4_K, "q4_k"}, Case{GgmlType::kQ6_K, "q6_k"}),
+                      Case{GgmlType::kQ4_K, "q4_k"}, Case{GgmlType::kQ5_K, "q5_k"},
+                      Case{GgmlType::kQ6_K, "q6_k"}),
     [](const auto& info) { return std::string(info.param.name); });
 
 // A block read from an odd address: the dequantizers must not assume alignment (UBSan checks).

@@ -113,7 +113,9 @@ void run_generate_bench(GenerateBenchOptions options) {
   // plus each sequence's f32 KV at its mean length over the run) at the measured bandwidth, and
   // its matmul FLOPs (2 per weight per token) at the measured FMA peak.
   const double weight_bytes = double(session.model->weight_bytes());
-  const double matmul_weights = weight_bytes / dtype_size(session.model->weight_dtype());
+  const double matmul_weights = double(c.num_layers) * double(c.hidden_size) *
+                                    double(2 * c.q_dim() + 2 * c.kv_dim() + 3 * c.intermediate_size) +
+                                double(c.vocab_size) * c.hidden_size;
   const double kv_bytes_per_token = double(c.num_layers) * 2 * c.kv_dim() * sizeof(float);
   const double avg_context = options.prompt_tokens + options.gen_tokens / 2.0;
   auto step_bound_seconds = [&](double tokens, double kv_tokens) {

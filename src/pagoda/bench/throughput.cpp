@@ -321,7 +321,7 @@ void run_throughput_bench(const ThroughputBenchOptions& f) {
   const double weight_bytes = double(session.model->weight_bytes());
   // A decode step reads every weight once, except an untied embedding table, of which it reads
   // only the rows of its tokens (the bound counts those with the KV bytes, per token).
-  const double embedding_row_bytes = double(c.hidden_size) * double(dtype_size(session.model->weight_dtype()));
+  const double embedding_row_bytes = double(dtype_bytes(session.model->weight_dtype(), c.hidden_size));
   const double step_weight_bytes =
       weight_bytes - (c.tie_word_embeddings ? 0 : double(c.vocab_size) * embedding_row_bytes);
   const std::string device = device_name(*session.backend);

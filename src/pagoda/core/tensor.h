@@ -49,7 +49,7 @@ struct Tensor {
     return n;
   }
   int64_t size(int d) const { return shape[d < 0 ? d + ndim : d]; }
-  size_t nbytes() const { return size_t(numel()) * dtype_size(dtype); }
+  size_t nbytes() const { return dtype_bytes(dtype, numel()); }
   bool is_contiguous() const {
     int64_t stride = 1;
     for (int d = ndim - 1; d >= 0; --d) {
@@ -65,7 +65,7 @@ struct Tensor {
   // Rows [begin, end) of the leading dimension.
   Tensor rows(int64_t begin, int64_t end) const {
     Tensor t = *this;
-    t.data = static_cast<char*>(data) + begin * strides[0] * int64_t(dtype_size(dtype));
+    t.data = static_cast<char*>(data) + dtype_bytes(dtype, begin * strides[0]);
     t.shape[0] = end - begin;
     return t;
   }

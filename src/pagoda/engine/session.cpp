@@ -75,7 +75,10 @@ Session::Session(const ModelFlags& flags)
     fail(ErrorKind::kInvalidArgument, "--attention must be auto, paged or prefix, not '{}'", flags.attention);
   }
   backend = make_backend(flags.backend, weight_dtype, !flags.enforce_eager);
-  model = std::make_unique<Model>(checkpoint, *backend, LoadOptions{.weight_dtype = weight_dtype, .attention = attention});
+  // auto keeps a GGUF file's quantized weights as they are where the backend multiplies them.
+  model = std::make_unique<Model>(
+      checkpoint, *backend,
+      LoadOptions{.weight_dtype = weight_dtype, .keep_quantized = flags.weight_dtype == "auto", .attention = attention});
   engine_options = EngineOptions{.kv_memory_bytes = size_t(flags.kv_memory_mb) << 20,
                                  .max_batch = flags.max_batch,
                                  .max_step_tokens = flags.step_tokens};

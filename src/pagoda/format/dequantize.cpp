@@ -54,6 +54,15 @@ struct BlockQ4_K {
   uint8_t scales[12];
   uint8_t qs[128];  // per 64 weights: 32 bytes, low nibbles = first 32, high nibbles = next 32
 };
+// Q4_K's layout plus a fifth bit per weight: bit 2c of qh[l] for weight l of the chunk's first
+// 32, bit 2c + 1 for weight l of its second 32 (chunk c of 64 weights).
+struct BlockQ5_K {
+  uint8_t d[2];
+  uint8_t dmin[2];
+  uint8_t scales[12];
+  uint8_t qh[32];
+  uint8_t qs[128];
+};
 // 256 weights in 16 sub-blocks of 16 with int8 scales; 6-bit quants split into 4 low bits (ql)
 // and 2 high bits (qh).
 struct BlockQ6_K {
@@ -64,7 +73,7 @@ struct BlockQ6_K {
 };
 static_assert(sizeof(BlockQ4_0) == 18 && sizeof(BlockQ4_1) == 20 && sizeof(BlockQ5_0) == 22 &&
               sizeof(BlockQ5_1) == 24 && sizeof(BlockQ8_0) == 34 && sizeof(BlockQ4_K) == 144 &&
-              sizeof(BlockQ6_K) == 210);
+              sizeof(BlockQ5_K) == 176 && sizeof(BlockQ6_K) == 210);
 
 float load_f16(const uint8_t* p) { return f16_to_f32(uint16_t(p[0] | (p[1] << 8))); }
 
@@ -160,6 +169,22 @@ void block_q4_k(const BlockQ4_K& b, float* y) {
   }
 }
 
+void block_q5_k(const BlockQ5_K& b, float* y) {
+  const float d = load_f16(b.d);
+  const float dmin = load_f16(b.dmin);
+  for (int chunk = 0; chunk < 4; ++chunk) {
+    const uint8_t* q = b.qs + 32 * chunk;
+    int scale, min;
+    q4_k_scale_min(b.scales, 2 * chunk, scale, min);
+    const float d_lo = d * float(scale), m_lo = dmin * float(min);
+    q4_k_scale_min(b.scales, 2 * chunk + 1, scale, min);
+    const float d_hi = d * float(scale), m_hi = dmin * float(min);
+    for (int l = 0; l < 32; ++l) y[l] = d_lo * float((q[l] & 0xf) | ((b.qh[l] >> (2 * chunk)) & 1) << 4) - m_lo;
+    for (int l = 0; l < 32; ++l) y[32 + l] = d_hi * float((q[l] >> 4) | ((b.qh[l] >> (2 * chunk + 1)) & 1) << 4) - m_hi;
+    y += 64;
+  }
+}
+
 void block_q6_k(const BlockQ6_K& b, float* y) {
   const float d = load_f16(b.d);
   for (int half = 0; half < 2; ++half) {  // 128 weights from 64 ql bytes and 32 qh bytes
@@ -195,7 +220,7 @@ void dequantize_row(GgmlType type, const void* src, float* dst, int64_t n) {
   if (!traits.can_dequantize) {
     fail(ErrorKind::kUnsupported,
          "cannot dequantize tensor type {} ({}): pagoda dequantizes "
-         "f32, f16, bf16, q4_0, q4_1, q5_0, q5_1, q8_0, q4_k and q6_k",
+         "f32, f16, bf16, q4_0, q4_1, q5_0, q5_1, q8_0, q4_k, q5_k and q6_k",
          traits.name, uint32_t(type));
   }
   if (n < 0 || n % traits.block_size != 0) {
@@ -225,6 +250,7 @@ void dequantize_row(GgmlType type, const void* src, float* dst, int64_t n) {
     case GgmlType::kQ5_1: return dequantize_blocks<BlockQ5_1, 32, block_q5_1>(src, dst, n);
     case GgmlType::kQ8_0: return dequantize_blocks<BlockQ8_0, 32, block_q8_0>(src, dst, n);
     case GgmlType::kQ4_K: return dequantize_blocks<BlockQ4_K, 256, block_q4_k>(src, dst, n);
+    case GgmlType::kQ5_K: return dequantize_blocks<BlockQ5_K, 256, block_q5_k>(src, dst, n);
     case GgmlType::kQ6_K: return dequantize_blocks<BlockQ6_K, 256, block_q6_k>(src, dst, n);
     default:
       fail(ErrorKind::kInternal, "ggml type {} is marked dequantizable but has no dequantizer",

@@ -1,4 +1,4 @@
-// Dequantizers for GGUF tensor types: F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q6_K.
+// Dequantizers for GGUF tensor types: F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q5_K, Q6_K.
 // Each reproduces ggml's reference dequantization exactly (same operation order in fp32), which
 // is also what the `gguf` Python package and Hugging Face transformers compute.
 #pragma once

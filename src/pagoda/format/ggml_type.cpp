@@ -18,7 +18,7 @@ GgmlTypeTraits ggml_type_traits(uint32_t type) {
     case 10: return {"q2_k", 256, 84, false};
     case 11: return {"q3_k", 256, 110, false};
     case 12: return {"q4_k", 256, 144, true};
-    case 13: return {"q5_k", 256, 176, false};
+    case 13: return {"q5_k", 256, 176, true};
     case 14: return {"q6_k", 256, 210, true};
     case 15: return {"q8_k", 256, 292, false};
     case 16: return {"iq2_xxs", 256, 66, false};

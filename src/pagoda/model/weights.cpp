@@ -1,6 +1,7 @@
 #include "pagoda/model/weights.h"
 
 #include <cstring>
+#include <optional>
 #include <string>
 
 #include "pagoda/core/error.h"
@@ -40,6 +41,20 @@ void convert_row(const float* src, int64_t n, DType dtype, void* dst) {
   }
 }
 
+std::optional<DType> quantized_dtype(GgmlType type) {
+  switch (type) {
+    case GgmlType::kQ4_0: return DType::kQ4_0;
+    case GgmlType::kQ4_1: return DType::kQ4_1;
+    case GgmlType::kQ5_0: return DType::kQ5_0;
+    case GgmlType::kQ5_1: return DType::kQ5_1;
+    case GgmlType::kQ8_0: return DType::kQ8_0;
+    case GgmlType::kQ4_K: return DType::kQ4_K;
+    case GgmlType::kQ5_K: return DType::kQ5_K;
+    case GgmlType::kQ6_K: return DType::kQ6_K;
+    default: return std::nullopt;
+  }
+}
+
 class Loader {
  public:
   Loader(const Checkpoint& checkpoint, Backend& backend, const LoadOptions& options, ModelWeights& out)
@@ -55,11 +70,19 @@ class Loader {
              p.source->name, p.source->cols, cols);
       rows += p.source->rows;
     }
-    const size_t row_bytes = size_t(cols) * dtype_size(dtype);
+    const size_t row_bytes = dtype_bytes(dtype, cols);
     std::vector<uint8_t> host(size_t(rows) * row_bytes);
     int64_t dst_row = 0;
     for (const Part& p : parts) {
       const int64_t n = p.source->rows;
+      if (is_block_quantized(dtype)) {  // the file's blocks, rows in place
+        for (int64_t r = 0; r < n; ++r)
+          std::memcpy(host.data() + size_t(dst_row + r) * row_bytes,
+                      p.source->data + size_t(source_row(p, r)) * p.source->row_bytes, row_bytes);
+        dst_row += n;
+        if (progress) progress->advance(int64_t(n) * cols);
+        continue;
+      }
 #pragma omp parallel
       {
         std::vector<float> row(static_cast<size_t>(cols));
@@ -88,6 +111,17 @@ class Loader {
     v.shape = {expected};
     v.strides = {1};
     return v;
+  }
+
+  // Storage type of a matmul weight made of `parts`: their block-quantized type when they share
+  // one the backend multiplies and options ask to keep it, else matmul_dtype of the first.
+  DType storage_dtype(const std::vector<Part>& parts) const {
+    const GgmlType type = parts[0].source->type;
+    for (const Part& p : parts)
+      if (p.source->type != type) return matmul_dtype(type);
+    if (options_.keep_quantized && backend_.activation_dtype() == DType::kF32)
+      if (const std::optional<DType> q = quantized_dtype(type)) return *q;
+    return matmul_dtype(type);
   }
 
   // Storage type of a matmul weight stored as `type`. A backend with f16 or bf16 activations
@@ -134,7 +168,7 @@ ModelWeights load_weights(const Checkpoint& checkpoint, Backend& backend, const 
 
   const StoredTensor& embed = checkpoint.get("model.embed_tokens.weight");
   loader.check_shape(embed, c.vocab_size, c.hidden_size);
-  w.embedding = loader.fused({Part{&embed}}, loader.matmul_dtype(embed.type), progress);
+  w.embedding = loader.fused({Part{&embed}}, loader.storage_dtype({Part{&embed}}), progress);
 
   for (int l = 0; l < c.num_layers; ++l) {
     const std::string p = "model.layers." + std::to_string(l) + ".";
@@ -148,8 +182,8 @@ ModelWeights load_weights(const Checkpoint& checkpoint, Backend& backend, const 
     loader.check_shape(k, c.kv_dim(), c.hidden_size);
     loader.check_shape(v, c.kv_dim(), c.hidden_size);
     const bool interleaved = checkpoint.qk_rows_interleaved();
-    layer.qkv = loader.fused({Part{&q, interleaved, c.head_dim}, Part{&k, interleaved, c.head_dim}, Part{&v}},
-                             loader.matmul_dtype(q.type), progress);
+    const std::vector<Part> qkv = {Part{&q, interleaved, c.head_dim}, Part{&k, interleaved, c.head_dim}, Part{&v}};
+    layer.qkv = loader.fused(qkv, loader.storage_dtype(qkv), progress);
     if (c.qkv_bias) {
       const StoredTensor& qb = get("self_attn.q_proj.bias");
       const StoredTensor& kb = get("self_attn.k_proj.bias");
@@ -180,7 +214,7 @@ ModelWeights load_weights(const Checkpoint& checkpoint, Backend& backend, const 
     }
     const StoredTensor& o = get("self_attn.o_proj.weight");
     loader.check_shape(o, c.hidden_size, c.q_dim());
-    layer.o = loader.fused({Part{&o}}, loader.matmul_dtype(o.type), progress);
+    layer.o = loader.fused({Part{&o}}, loader.storage_dtype({Part{&o}}), progress);
     layer.ffn_norm = loader.vector(p + "post_attention_layernorm.weight", c.hidden_size, progress);
     const StoredTensor& gate = get("mlp.gate_proj.weight");
     const StoredTensor& up = get("mlp.up_proj.weight");
@@ -188,8 +222,8 @@ ModelWeights load_weights(const Checkpoint& checkpoint, Backend& backend, const 
     loader.check_shape(gate, c.intermediate_size, c.hidden_size);
     loader.check_shape(up, c.intermediate_size, c.hidden_size);
     loader.check_shape(down, c.hidden_size, c.intermediate_size);
-    layer.gate_up = loader.fused({Part{&gate}, Part{&up}}, loader.matmul_dtype(gate.type), progress);
-    layer.down = loader.fused({Part{&down}}, loader.matmul_dtype(down.type), progress);
+    layer.gate_up = loader.fused({Part{&gate}, Part{&up}}, loader.storage_dtype({Part{&gate}, Part{&up}}), progress);
+    layer.down = loader.fused({Part{&down}}, loader.storage_dtype({Part{&down}}), progress);
     w.layers.push_back(layer);
   }
   w.final_norm = loader.vector("model.norm.weight", c.hidden_size, progress);
@@ -198,7 +232,7 @@ ModelWeights load_weights(const Checkpoint& checkpoint, Backend& backend, const 
   } else {
     const StoredTensor& head = checkpoint.get("lm_head.weight");
     loader.check_shape(head, c.vocab_size, c.hidden_size);
-    w.lm_head = loader.fused({Part{&head}}, loader.matmul_dtype(head.type), progress);
+    w.lm_head = loader.fused({Part{&head}}, loader.storage_dtype({Part{&head}}), progress);
   }
   w.rope_inv_freq = rope_inv_freq(c, checkpoint.rope_freq_divisors());
   if (progress) progress->finish();

@@ -1,6 +1,7 @@
 // The CPU backend's row-wise operations: embedding lookup, RMSNorm, RoPE, SwiGLU, residual add.
 // All compute in f32, in the same operation order as Hugging Face transformers, so golden
-// comparisons differ only by summation order.
+// comparisons differ only by summation order. Rows are spread over the shared ThreadPool: one
+// decode row runs on the calling thread, with no fork or barrier at all.
 #pragma once
 
 #include <span>

@@ -1,5 +1,7 @@
 #include "pagoda/backend/cpu/matmul.h"
 
+#include "pagoda/backend/cpu/quant_matmul.h"
+
 #include <cblas.h>
 #include <immintrin.h>
 
@@ -174,6 +176,7 @@ void matmul(const Tensor& x, const Tensor& w, const Tensor* bias, Tensor out) {
     fail(ErrorKind::kInternal, "cpu matmul: bad operands x{} w{} out{}", x.shape_string(),
          w.shape_string(), out.shape_string());
   const float* b = bias ? bias->ptr<float>() : nullptr;
+  if (is_block_quantized(w.dtype)) return quant_matmul(x, w, b, out);
   switch (w.dtype) {
     case DType::kF32: return matmul_typed<DType::kF32>(x, w, b, out);
     case DType::kF16: return matmul_typed<DType::kF16>(x, w, b, out);

@@ -1,4 +1,5 @@
-// CPU matmul out[n, m] = x[n, k] @ w[m, k]^T with f32 activations and f32/f16/bf16 weights.
+// CPU matmul out[n, m] = x[n, k] @ w[m, k]^T with f32 activations and f32/f16/bf16 weights, or
+// GGUF block-quantized ones (quant_matmul.h).
 //
 // Decode multiplies a handful of rows by every weight once: memory bound, so the weights stay
 // f16/bf16 and are widened in registers (F16C / shifts) inside a row-parallel kernel that reads
