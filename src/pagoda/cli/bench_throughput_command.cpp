@@ -29,6 +29,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "pagoda/cli/bench_beam_search.h"
 #include "pagoda/cli/bench_report.h"
 #include "pagoda/cli/commands.h"
 #include "pagoda/cli/counter_random.h"
@@ -57,6 +58,7 @@ struct ThroughputFlags {
   uint64_t seed = 0;
   bool no_prefix_cache = false;
   std::string json_path;
+  int beam_width = 0;  // offline: beam searches against independent sequences (bench_beam_search.h)
 };
 
 // What happened to one request, in seconds from the start of the run.
@@ -286,6 +288,8 @@ void check_flags(const ThroughputFlags& f, bool offline) {
     fail(ErrorKind::kInvalidArgument, "--batch in [1, 4096], --input >= 1 and --output >= 1 please");
   if (f.shared_prefix < 0 || f.shared_prefix > f.input || (f.shared_prefix > 0 && !offline))
     fail(ErrorKind::kInvalidArgument, "--shared-prefix is for offline runs, in [0, --input], not {}", f.shared_prefix);
+  if (f.beam_width != 0 && (!offline || f.beam_width < 1 || f.beam_width > kMaxBeamWidth))
+    fail(ErrorKind::kInvalidArgument, "--beam-width is for offline runs, in [1, {}], not {}", kMaxBeamWidth, f.beam_width);
 }
 
 void run_throughput(const ThroughputFlags& f, const CLI::App& cmd) {
@@ -307,6 +311,12 @@ void run_throughput(const ThroughputFlags& f, const CLI::App& cmd) {
       fail(ErrorKind::kInvalidArgument, "--input {} + --output {} exceed the model's context of {} tokens", f.input,
            f.output, c.max_context);
     workload = offline_workload(f.batch, f.input, f.shared_prefix, f.output, vocab, f.seed);
+    if (f.beam_width > 0) {
+      if (cmd.count("--kv-memory-mb") == 0) options.num_kv_blocks = 0;  // sized from the beam bound
+      run_beam_search_bench(session, options, workload, f.beam_width, device_name(*session.backend),
+                            command_line(f, options, true) + fmt::format(" --beam-width {}", f.beam_width), f.json_path);
+      return;
+    }
     // Unless told otherwise, every request runs at once and the KV cache holds them all: the
     // workload then measures the decode batch it names, not the scheduler's limits.
     if (cmd.count("--max-batch") == 0) options.max_batch = f.batch;
@@ -529,6 +539,8 @@ void register_bench_throughput(CLI::App& bench) {
   cmd->add_option("--seed", flags->seed, "seed of the synthetic token ids (default 0)");
   cmd->add_flag("--no-prefix-cache", flags->no_prefix_cache, "do not reuse the KV of cached prompt prefixes");
   cmd->add_option("--json", flags->json_path, "write the results as JSON to this file");
+  cmd->add_option("--beam-width", flags->beam_width,
+                  "offline: each request a beam search of W beams, against W independent sequences per request");
   cmd->callback([flags, cmd] { run_throughput(*flags, *cmd); });
 }
 
