@@ -40,7 +40,13 @@ BeamRun run(Session& session, const EngineOptions& options, const std::vector<Re
       params.early_stopping = EarlyStopping::kNever;  // with no stop, every beam reaches max_tokens
       engine.submit({.prompt = r.prompt, .params = params});
     } else {
-      for (int32_t w = 0; w < width; ++w) engine.submit({.prompt = r.prompt, .params = params});
+      // Sampled, each with its own seed (n = W choices of one prompt): greedy copies would be
+      // identical and the prefix cache would merge their blocks, which no real workload sees.
+      params.temperature = 1.f;
+      for (int32_t w = 0; w < width; ++w) {
+        params.seed = uint64_t(&r - workload.data()) * uint64_t(width) + uint64_t(w);
+        engine.submit({.prompt = r.prompt, .params = params});
+      }
     }
   }
   while (engine.has_work()) {
