@@ -40,6 +40,26 @@ TEST(Cli, GenerateStreamsTextAndReportsSpeed) {
   EXPECT_NE(r.output.find("decode: 7 tokens"), std::string::npos) << r.output;
 }
 
+// A beam search prints its best hypotheses, best first, at the end; its flags are checked.
+TEST(Cli, GenerateBeamSearch) {
+  const Result r = run("generate -p 'The capital of France is' -n 8 --beam-width 4 --num-return 2");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  const size_t first = r.output.find("[beam 1: score "), second = r.output.find("[beam 2: score ");
+  ASSERT_NE(first, std::string::npos) << r.output;
+  ASSERT_NE(second, std::string::npos) << r.output;
+  EXPECT_LT(first, second);
+  EXPECT_EQ(r.output.find("[beam 3:"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("The capital of France is Paris", first), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("tokens generated over all beams"), std::string::npos) << r.output;
+
+  expect_error("generate -p hi --beam-width 65", "beam_width must be in [1, 64]");
+  expect_error("generate -p hi --beam-width 2 --num-return 3", "num_return must be in [1, beam_width = 2]");
+  expect_error("generate -p hi --beam-width 2 --temp 0.7", "temperature must be 0");
+  expect_error("generate -p hi --beam-width 2 --early-stopping maybe", "--early-stopping must be true, false or never");
+  expect_error("generate -p hi --length-penalty 2", "need --beam-width");
+  expect_error("bench throughput --batch 1 --input 8 --output 4 --beam-width 65", "--beam-width is for offline runs, in [1, 64]");
+}
+
 TEST(Cli, ChatOnceAnswers) {
   const Result r = run("chat --once 'What is 2 + 2? Reply with the number only.' -n 16 --temp 0");
   ASSERT_EQ(r.exit_code, 0) << r.output;

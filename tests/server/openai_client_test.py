@@ -193,6 +193,29 @@ class OpenAIClientTest(h.ServerTestCase):
         for choice in chat.choices:
             self.assertEqual(choice.message.role, "assistant")
 
+    def test_beam_search(self):
+        """vLLM's extension: the n best of best_of beams, each with its cumulative log-probability."""
+        response = CLIENT.completions.create(model=self.model, prompt="The capital of France is", max_tokens=8, n=2,
+                                             extra_body={"use_beam_search": True, "best_of": 4})
+        choices = sorted(response.choices, key=lambda c: c.index)
+        self.assertEqual([c.index for c in choices], [0, 1])
+        self.assertIn("Paris", choices[0].text)
+        self.assertNotEqual(choices[0].text, choices[1].text)
+        extra = [c.model_extra for c in choices]
+        self.assertGreaterEqual(extra[0]["beam_score"], extra[1]["beam_score"])
+        self.assertLess(extra[0]["cumulative_logprob"], 0)
+        # Every beam's tokens: at least the best hypothesis', at most 4 beams x 8 steps.
+        self.assertGreaterEqual(response.usage.completion_tokens, 8)
+        self.assertLessEqual(response.usage.completion_tokens, 4 * 8)
+        chat = CLIENT.chat.completions.create(model=self.model, messages=[{"role": "user", "content": "Say hi."}],
+                                              max_tokens=8, extra_body={"use_beam_search": True, "beam_width": 2})
+        self.assertEqual(len(chat.choices), 1)
+        self.assertIn("cumulative_logprob", chat.choices[0].model_extra)
+        with self.assertRaises(openai.BadRequestError) as refused:
+            CLIENT.completions.create(model=self.model, prompt="Hi", max_tokens=4, stream=True,
+                                      extra_body={"use_beam_search": True, "best_of": 2})
+        self.assertIn("streaming is not supported with use_beam_search", str(refused.exception))
+
     def test_stop_string_cuts_the_text(self):
         args = dict(model=self.model, prompt="1, 2, 3, 4, 5,", max_tokens=24, **sampling(0.0, 0))
         full = CLIENT.completions.create(**args).choices[0].text

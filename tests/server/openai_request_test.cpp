@@ -403,5 +403,62 @@ TEST(OpenAiRequest, ChoiceSeeds) {
   EXPECT_FALSE(choice_params(unseeded, 1).seed.has_value());
 }
 
+
+// vLLM's beam-search extension: the width from beam_width, best_of or n; n hypotheses returned.
+TEST(OpenAiRequest, BeamSearchFields) {
+  const GenerationJob chat = parse_chat_request(
+      chat_body(R"("use_beam_search": true, "n": 2, "best_of": 4, "length_penalty": 0.5, "early_stopping": "never")"),
+      model());
+  EXPECT_TRUE(chat.beam_search);
+  EXPECT_EQ(chat.n, 2);
+  EXPECT_EQ(chat.params.beam_width, 4);
+  EXPECT_EQ(chat.params.num_return, 2);
+  EXPECT_EQ(chat.params.length_penalty, 0.5f);
+  EXPECT_EQ(chat.params.early_stopping, EarlyStopping::kNever);
+  EXPECT_EQ(chat.params.temperature, 0.f);  // absent: 0, as a beam search needs
+  const SamplingParams choice = choice_params(chat, 0);
+  EXPECT_EQ(choice.beam_width, 4);
+  EXPECT_FALSE(choice.seed.has_value());
+
+  const GenerationJob completion = parse_completion_request(
+      completion_body(R"("use_beam_search": true, "beam_width": 8, "early_stopping": true, "temperature": 0)"), model());
+  EXPECT_EQ(completion.n, 1);
+  EXPECT_EQ(completion.params.beam_width, 8);
+  EXPECT_EQ(completion.params.early_stopping, EarlyStopping::kTrue);
+  const GenerationJob by_n = parse_completion_request(completion_body(R"("use_beam_search": true, "n": 3)"), model());
+  EXPECT_EQ(by_n.params.beam_width, 3);
+  EXPECT_EQ(by_n.params.num_return, 3);
+  EXPECT_EQ(by_n.params.early_stopping, EarlyStopping::kFalse);
+}
+
+TEST(OpenAiRequest, BeamSearchRefusals) {
+  for (const ApiKind kind : {ApiKind::kChat, ApiKind::kCompletion}) {
+    const auto body = [&](std::string_view extra) {
+      return kind == ApiKind::kChat ? chat_body(extra) : completion_body(extra);
+    };
+    expect_refusals(kind, {
+        {body(R"("use_beam_search": true, "stream": true)"), 400, "stream", "streaming is not supported with use_beam_search"},
+        {body(R"("use_beam_search": true, "beam_width": 65)"), 400, "beam_width", "between 1 and 64, got 65"},
+        {body(R"("use_beam_search": true, "best_of": 0)"), 400, "best_of", "between 1 and 64, got 0"},
+        {body(R"("use_beam_search": true, "n": 5, "best_of": 4)"), 400, "n", "n (5) must be at most the beam width (4)"},
+        {body(R"("use_beam_search": true, "best_of": 2, "beam_width": 4)"), 400, "beam_width", "differ"},
+        {body(R"("use_beam_search": true, "temperature": 0.8)"), 400, "temperature", "temperature must be 0"},
+        {body(R"("use_beam_search": true, "early_stopping": "sometimes")"), 400, "early_stopping", "true, false or"},
+        {body(R"("use_beam_search": true, "length_penalty": "long")"), 400, "length_penalty", "must be a number"},
+        {body(R"("use_beam_search": true, "presence_penalty": 0.5)"), 400, "use_beam_search", "penalties"},
+        {body(R"("use_beam_search": 1)"), 400, "use_beam_search", "must be a boolean"},
+        {body(R"("beam_width": 4)"), 400, "beam_width", "needs \"use_beam_search\": true"},
+        {body(R"("length_penalty": 1.5)"), 400, "length_penalty", "needs \"use_beam_search\": true"},
+        {body(R"("early_stopping": true)"), 400, "early_stopping", "needs \"use_beam_search\": true"},
+    });
+  }
+  expect_refusals(ApiKind::kChat, {{chat_body(R"("use_beam_search": true, "logprobs": true)"), 400, "top_logprobs",
+                                    "not supported with use_beam_search"}});
+  expect_refusals(ApiKind::kCompletion, {{completion_body(R"("use_beam_search": true, "logprobs": 1)"), 400, "logprobs",
+                                          "not supported with use_beam_search"},
+                                         {completion_body(R"("best_of": 4, "temperature": 0.7)"), 400, "best_of",
+                                          "without \"use_beam_search\": true"}});
+}
+
 }  // namespace
 }  // namespace pagoda::server

@@ -270,5 +270,27 @@ TEST(OpenAiResponse, ResponseIds) {
   EXPECT_EQ(completion.size(), 5u + 32u);
 }
 
+
+// A beam search's choices carry their cumulative log-probability and score; usage counts the
+// tokens of every beam once (the API puts them all on the prompt's first choice).
+TEST(OpenAiResponse, BeamSearchChoices) {
+  GenerationJob beam = job(ApiKind::kCompletion, 1, 2);
+  beam.beam_search = true;
+  const std::vector<ChoiceOutput> choices = {
+      {.index = 0, .text = " Paris.", .finish = FinishReason::kStop, .prompt_tokens = 5, .completion_tokens = 40,
+       .cumulative_logprob = -1.5f, .beam_score = -0.5f},
+      {.index = 1, .text = " Lyon.", .finish = FinishReason::kLength, .prompt_tokens = 5, .completion_tokens = 0,
+       .cumulative_logprob = -3.f, .beam_score = -0.75f}};
+  const json r = json::parse(completion_response_json(beam, kIds, choices, tokenizer()));
+  ASSERT_EQ(r["choices"].size(), 2u);
+  EXPECT_EQ(r["choices"][0]["cumulative_logprob"], -1.5);
+  EXPECT_EQ(r["choices"][0]["beam_score"], -0.5);
+  EXPECT_EQ(r["choices"][1]["cumulative_logprob"], -3.0);
+  EXPECT_EQ(r["choices"][1]["finish_reason"], "length");
+  EXPECT_EQ(r["usage"], (json{{"prompt_tokens", 5}, {"completion_tokens", 40}, {"total_tokens", 45}}));
+  const json plain = json::parse(completion_response_json(job(ApiKind::kCompletion), kIds, {choices.data(), 1}, tokenizer()));
+  EXPECT_FALSE(plain["choices"][0].contains("cumulative_logprob"));
+}
+
 }  // namespace
 }  // namespace pagoda::server

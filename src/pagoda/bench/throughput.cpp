@@ -29,6 +29,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "pagoda/bench/beam_search.h"
 #include "pagoda/bench/bench_report.h"
 #include "pagoda/bench/counter_random.h"
 #include "pagoda/bench/host_support.h"
@@ -273,6 +274,8 @@ void check_flags(const ThroughputBenchOptions& f, bool offline) {
     fail(ErrorKind::kInvalidArgument, "--batch in [1, 4096], --input >= 1 and --output >= 1 please");
   if (f.shared_prefix < 0 || f.shared_prefix > f.input || (f.shared_prefix > 0 && !offline))
     fail(ErrorKind::kInvalidArgument, "--shared-prefix is for offline runs, in [0, --input], not {}", f.shared_prefix);
+  if (f.beam_width != 0 && (!offline || f.beam_width < 1 || f.beam_width > kMaxBeamWidth))
+    fail(ErrorKind::kInvalidArgument, "--beam-width is for offline runs, in [1, {}], not {}", kMaxBeamWidth, f.beam_width);
 }
 
 }  // namespace
@@ -296,6 +299,12 @@ void run_throughput_bench(const ThroughputBenchOptions& f) {
       fail(ErrorKind::kInvalidArgument, "--input {} + --output {} exceed the model's context of {} tokens", f.input,
            f.output, c.max_context);
     workload = offline_workload(f.batch, f.input, f.shared_prefix, f.output, vocab, f.seed);
+    if (f.beam_width > 0) {
+      if (!f.kv_memory_given) options.num_kv_blocks = 0;  // sized from the beam bound
+      run_beam_search_bench(session, options, workload, f.beam_width, device_name(*session.backend),
+                            command_line(f, options, true) + fmt::format(" --beam-width {}", f.beam_width), f.json_path);
+      return;
+    }
     // Unless told otherwise, every request runs at once and the KV cache holds them all: the
     // workload then measures the decode batch it names, not the scheduler's limits.
     if (!f.max_batch_given) options.max_batch = f.batch;

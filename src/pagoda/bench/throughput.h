@@ -21,6 +21,7 @@ struct ThroughputBenchOptions {
   uint64_t seed = 0;
   bool no_prefix_cache = false;
   std::string json_path;
+  int beam_width = 0;  // offline: beam searches against independent sequences (beam_search.h)
   // Which flags were given: --batch, --input or --output choose the offline workload, which then
   // runs every request at once with a KV cache that holds them all unless --max-batch or
   // --kv-memory-mb say otherwise.

@@ -102,6 +102,8 @@ void register_bench_throughput(CLI::App& bench_cmd) {
   cmd->add_option("--seed", flags->seed, "seed of the synthetic token ids (default 0)");
   cmd->add_flag("--no-prefix-cache", flags->no_prefix_cache, "do not reuse the KV of cached prompt prefixes");
   cmd->add_option("--json", flags->json_path, "write the results as JSON to this file");
+  cmd->add_option("--beam-width", flags->beam_width,
+                  "offline: each request a beam search of W beams, against W independent sequences per request");
   cmd->callback([flags, cmd] {
     flags->offline = cmd->count("--batch") + cmd->count("--input") + cmd->count("--output") > 0;
     flags->max_batch_given = cmd->count("--max-batch") > 0;

@@ -21,6 +21,7 @@ GenerationResult run_request(Engine& engine, Request request, const std::functio
         on_text(event.text);
       }
       result.finish = event.finish;
+      if (!event.beams.empty()) result.beams = event.beams;
     }
   }
   const auto end = Clock::now();

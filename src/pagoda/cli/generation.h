@@ -5,6 +5,7 @@
 #include <cstdio>
 #include <functional>
 #include <string>
+#include <vector>
 
 #include "pagoda/engine/engine.h"
 
@@ -17,6 +18,7 @@ struct GenerationResult {
   int32_t generated_tokens = 0;
   double prefill_seconds = 0;  // submit to first token
   double decode_seconds = 0;   // first token to last
+  std::vector<BeamOutput> beams;  // a beam search's hypotheses, best first (its text comes only here)
 };
 
 // Calls on_text with each piece of text as it becomes safe to show.

@@ -141,8 +141,9 @@ void RemotePrefill::read_link(const std::shared_ptr<Link>& shared) {
 }
 
 void RemotePrefill::prepare(Request& request) {
-  // Logprobs of the first token would have to travel too; such requests are prefilled here.
-  if (request.params.logprobs > 0) return;
+  // Logprobs of the first token would have to travel too, and a beam search forks its prompt's
+  // KV into beams from the prompt's logits: such requests are prefilled here.
+  if (request.params.logprobs > 0 || request.params.beam_width > 0) return;
   request.prefill_remotely = std::any_of(peers_.begin(), peers_.end(), [&](const auto& p) { return link_of(*p) != nullptr; });
 }
 

@@ -7,6 +7,7 @@
 #include <utility>
 
 #include "pagoda/core/error.h"
+#include "pagoda/engine/beam_search.h"
 
 namespace pagoda {
 
@@ -28,9 +29,10 @@ SamplingParams with_seed(SamplingParams params) {
   return params;
 }
 
-// Penalties and logprobs exist only in the host sampler.
+// Penalties, logprobs and beam search exist only on the host.
 bool needs_host_sampler(const SamplingParams& p) {
-  return p.repetition_penalty != 1.f || p.presence_penalty != 0.f || p.frequency_penalty != 0.f || p.logprobs > 0;
+  return p.repetition_penalty != 1.f || p.presence_penalty != 0.f || p.frequency_penalty != 0.f || p.logprobs > 0 ||
+         p.beam_width > 0;
 }
 
 }  // namespace
@@ -62,8 +64,27 @@ struct Engine::Sequence {
   bool prefill_remotely;
   bool keep_kv;
 
-  int32_t pending() const { return int32_t(tokens.size()) - num_computed; }
+  // Beam search: `tokens` stays the prompt, computed once into `table`; past the prompt the
+  // running beams carry the tokens and tables, all num_computed long. `beams` is empty until the
+  // first step has scored the prompt's logits.
+  struct Beam {
+    std::vector<int32_t> tokens;  // prompt, then this beam's generated tokens
+    kv::BlockTable table;
+    IncrementalDecoder decoder;  // this beam's text so far, for stop strings
+    StopMatcher stop;
+  };
+  std::unique_ptr<BeamSearch> search;
+  std::vector<Beam> beams;
+  int32_t beam_tokens = 0;  // tokens appended to any beam: the request's usage
+
+  bool past_prompt() const { return num_computed >= num_prompt; }
+  // Tokens to compute before the next logits: the prompt's, or each beam's past the prompt.
+  int32_t pending() const {
+    return int32_t(search && past_prompt() && !beams.empty() ? beams[0].tokens.size() : tokens.size()) - num_computed;
+  }
+  bool decoding() const { return past_prompt() && pending() == 1; }
   int32_t generated() const { return int32_t(tokens.size()) - num_prompt; }
+  int32_t batch_slots() const { return search ? search->width() : 1; }  // rows it takes in a step
 };
 
 namespace {
@@ -117,9 +138,21 @@ RequestId Engine::submit(Request request) {
   for (int32_t id : request.prompt)
     if (id < 0 || id >= model_.config().vocab_size)
       fail(ErrorKind::kInvalidArgument, "prompt token {} is outside the vocabulary", id);
+  const SamplingParams& p = request.params;
+  if (p.beam_width > options_.max_batch || p.beam_width > options_.max_step_tokens)
+    fail(ErrorKind::kInvalidArgument,
+         "a beam width of {} needs {} batch slots and step tokens; the engine runs {} sequences and {} tokens per step",
+         p.beam_width, p.beam_width, options_.max_batch, options_.max_step_tokens);
   const RequestId id = next_id_++;
   auto seq = std::make_unique<Sequence>(id, std::move(request), tokenizer_);
-  (seq->prefill_remotely ? remote_queued_ : waiting_).push_back(std::move(seq));
+  if (p.beam_width > 0) {
+    std::vector<int32_t> stops = p.ignore_eos ? std::vector<int32_t>() : model_stop_ids_;
+    for (int32_t t : p.stop_token_ids)
+      if (std::find(stops.begin(), stops.end(), t) == stops.end()) stops.push_back(t);
+    seq->search = std::make_unique<BeamSearch>(p.beam_width, p.length_penalty, p.early_stopping,
+                                               int32_t(std::min<int64_t>(p.max_tokens, context - n)), int32_t(stops.size()));
+  }
+  (seq->prefill_remotely && !seq->search ? remote_queued_ : waiting_).push_back(std::move(seq));
   return id;
 }
 
@@ -128,7 +161,7 @@ void Engine::cancel(RequestId id) {
   if (auto it = std::find_if(waiting_.begin(), waiting_.end(), matches); it != waiting_.end()) {
     waiting_.erase(it);
   } else if (auto run = std::find_if(running_.begin(), running_.end(), matches); run != running_.end()) {
-    kv::release((*run)->table, pool_);
+    forget_kv(**run);
     running_.erase(run);
   } else if (auto queued = std::find_if(remote_queued_.begin(), remote_queued_.end(), matches);
              queued != remote_queued_.end()) {
@@ -159,9 +192,10 @@ void Engine::reuse_cached_prefix(Sequence& seq) {
   seq.num_blocks_cached = int32_t(cached.size());
 }
 
-// Back to holding no KV (cached blocks it used stay cached).
+// Back to holding no KV (cached blocks it used stay cached). Beams keep their tokens.
 void Engine::forget_kv(Sequence& seq) {
   kv::release(seq.table, pool_);
+  for (Sequence::Beam& beam : seq.beams) kv::release(beam.table, pool_);
   seq.num_computed = 0;
   seq.num_blocks_cached = 0;
 }
@@ -173,6 +207,46 @@ bool Engine::grow(Sequence& seq, int32_t tokens) {
   if (needed > pool_.num_free()) return false;
   if (auto copy = kv::append_tokens(seq.table, tokens, pool_)) model_.backend().copy_kv_block(copy->src, copy->dst);
   return true;
+}
+
+// Every beam grows by `tokens`, or none does. The blocks counted assume that each beam sharing a
+// partly filled last block copies it, which overcounts by one per shared block: the last sharer
+// to write finds itself alone and writes in place.
+bool Engine::grow_beams(Sequence& seq, int32_t tokens) {
+  int32_t needed = 0;
+  for (const Sequence::Beam& beam : seq.beams) needed += kv::blocks_needed(beam.table, tokens, pool_);
+  if (needed > pool_.num_free()) cache_.evict(needed - pool_.num_free());
+  if (needed > pool_.num_free()) return false;
+  for (Sequence::Beam& beam : seq.beams)
+    if (auto copy = kv::append_tokens(beam.table, tokens, pool_)) model_.backend().copy_kv_block(copy->src, copy->dst);
+  return true;
+}
+
+// Schedules `tokens` more of the sequence (of each of its beams past a beam search's prompt), if
+// the KV blocks are there.
+bool Engine::schedule_tokens(Sequence& seq, int32_t tokens, std::vector<ScheduledChunk>& chunks) {
+  if (seq.search && seq.past_prompt()) {
+    if (!grow_beams(seq, tokens)) return false;
+    for (int32_t b = 0; b < int32_t(seq.beams.size()); ++b) chunks.push_back({&seq, seq.num_computed, tokens, b});
+    return true;
+  }
+  if (!grow(seq, tokens)) return false;
+  chunks.push_back({&seq, seq.num_computed, tokens});
+  return true;
+}
+
+int32_t Engine::batch_slots_in_use() const {
+  int32_t slots = 0;
+  for (const auto& seq : running_) slots += seq->batch_slots();
+  return slots;
+}
+
+// A recomputed beam search has its prompt back: every beam forks it, then recomputes its own
+// generated tokens.
+void Engine::fork_beams_from_prompt(Sequence& seq) {
+  for (Sequence::Beam& beam : seq.beams) beam.table = kv::fork(seq.table, seq.num_prompt, pool_);
+  kv::release(seq.table, pool_);
+  seq.num_blocks_cached = 0;
 }
 
 // Puts the sequence's newly computed full blocks into the prefix cache. Where another sequence
@@ -206,16 +280,16 @@ std::vector<Engine::ScheduledChunk> Engine::schedule() {
   std::vector<ScheduledChunk> chunks;
   int32_t budget = options_.max_step_tokens;
 
-  // Decoding sequences first: they hold KV already and each needs one token.
+  // Decoding sequences first: they hold KV already and each needs one token (a beam search one per
+  // beam, all in this step or none).
   for (size_t i = 0; i < running_.size() && budget > 0;) {
     Sequence& seq = *running_[i];
-    if (seq.pending() != 1 || seq.num_computed < seq.num_prompt) {
+    if (!seq.decoding() || seq.batch_slots() > budget) {
       ++i;
       continue;
     }
-    if (grow(seq, 1)) {
-      chunks.push_back({&seq, seq.num_computed, 1});
-      --budget;
+    if (schedule_tokens(seq, 1, chunks)) {
+      budget -= seq.batch_slots();
       ++i;
       continue;
     }
@@ -234,17 +308,20 @@ std::vector<Engine::ScheduledChunk> Engine::schedule() {
     if (self) break;
   }
 
-  // Prompt chunks: sequences already part-way through their prompt, then new admissions.
+  // Prompt chunks: sequences already part-way through their prompt (or, recomputing a beam
+  // search, through its beams' tokens: the same number for each), then new admissions.
   for (auto& owned : running_) {
     Sequence& seq = *owned;
     if (budget == 0) break;
-    if (seq.pending() <= 1 && seq.num_computed >= seq.num_prompt) continue;
-    const int32_t n = std::min(seq.pending(), budget);
-    if (!grow(seq, n)) break;
-    chunks.push_back({&seq, seq.num_computed, n});
-    budget -= n;
+    if (seq.pending() <= 1 && seq.past_prompt()) continue;
+    const int32_t per_beam = seq.search && seq.past_prompt() ? seq.batch_slots() : 1;
+    const int32_t n = std::min(seq.pending(), budget / per_beam);
+    if (n == 0) break;
+    if (!schedule_tokens(seq, n, chunks)) break;
+    budget -= n * per_beam;
   }
-  while (budget > 0 && !waiting_.empty() && int32_t(running_.size()) < options_.max_batch) {
+  while (budget > 0 && !waiting_.empty() &&
+         batch_slots_in_use() + waiting_.front()->batch_slots() <= options_.max_batch) {
     Sequence& seq = *waiting_.front();
     reuse_cached_prefix(seq);
     const int32_t n = std::min(seq.pending(), budget);
@@ -304,6 +381,15 @@ std::vector<TokenEvent> Engine::step() {
       ++i;
       continue;
     }
+    if (seq.search) {
+      std::vector<std::span<const int32_t>> running;
+      for (const Sequence::Beam& beam : seq.beams) running.push_back(std::span(beam.tokens).subspan(size_t(seq.num_prompt)));
+      seq.search->stop_early(running);
+      finish_beams(seq, events);
+      forget_kv(seq);
+      running_.erase(running_.begin() + ptrdiff_t(i));
+      continue;
+    }
     events.push_back({.request = seq.id, .text = seq.stop.push(seq.decoder.flush()).text + seq.stop.flush(),
                       .finish = FinishReason::kLength, .prompt_tokens = seq.num_prompt,
                       .generated_tokens = seq.generated()});
@@ -316,10 +402,13 @@ std::vector<TokenEvent> Engine::step() {
   chunks.reserve(scheduled.size());
   for (const ScheduledChunk& s : scheduled) {
     Sequence& seq = *s.seq;
-    chunks.push_back({.tokens = std::span(seq.tokens).subspan(size_t(s.start), size_t(s.count)),
+    const std::vector<int32_t>& tokens = s.beam < 0 ? seq.tokens : seq.beams[size_t(s.beam)].tokens;
+    // A recomputed beam search's prompt is not scored again: its beams go on from their own tokens.
+    const bool rescoring_prompt = seq.search && s.beam < 0 && !seq.beams.empty();
+    chunks.push_back({.tokens = std::span(tokens).subspan(size_t(s.start), size_t(s.count)),
                       .start_pos = s.start,
-                      .block_ids = seq.table.block_ids,
-                      .want_logits = s.start + s.count == int32_t(seq.tokens.size())});
+                      .block_ids = s.beam < 0 ? seq.table.block_ids : seq.beams[size_t(s.beam)].table.block_ids,
+                      .want_logits = s.start + s.count == int32_t(tokens.size()) && !rescoring_prompt});
     if (seq.num_computed < seq.num_prompt) stats_.prompt_tokens += std::min(s.count, seq.num_prompt - seq.num_computed);
   }
   // A request is sampled by one sampler all its life, so its seed gives the same text whatever it
@@ -347,7 +436,10 @@ std::vector<TokenEvent> Engine::step() {
   } catch (...) {
     // Leave the engine as if the step never ran: the scheduled sequences give their blocks back
     // and wait to be recomputed, and the events already made are reported by the next step.
-    for (const ScheduledChunk& s : scheduled) preempt(*s.seq);
+    std::vector<Sequence*> requeued;  // a beam search has a chunk per beam
+    for (const ScheduledChunk& s : scheduled)
+      if (std::find(requeued.begin(), requeued.end(), s.seq) == requeued.end()) requeued.push_back(s.seq);
+    for (Sequence* seq : requeued) preempt(*seq);
     unreported_ = std::move(events);
     throw;
   }
@@ -357,11 +449,18 @@ std::vector<TokenEvent> Engine::step() {
   std::vector<float> row(any_on_host ? vocab : 0);
   size_t logit_row = 0;
   std::vector<Sequence*> finished;
+  std::vector<std::pair<Sequence*, std::vector<size_t>>> beam_rows;  // each beam search's logit rows, in beam order
   for (size_t i = 0; i < scheduled.size(); ++i) {
     Sequence& seq = *scheduled[i].seq;
-    seq.num_computed += scheduled[i].count;
-    cache_full_blocks(seq);
+    seq.num_computed = scheduled[i].start + scheduled[i].count;
+    if (scheduled[i].beam < 0) cache_full_blocks(seq);  // a beam's tokens are not worth caching: most beams die
+    if (seq.search && scheduled[i].beam < 0 && seq.past_prompt() && !seq.beams.empty()) fork_beams_from_prompt(seq);
     if (!chunks[i].want_logits) continue;
+    if (seq.search) {
+      if (beam_rows.empty() || beam_rows.back().first != &seq) beam_rows.push_back({&seq, {}});
+      beam_rows.back().second.push_back(logit_row++);
+      continue;
+    }
     SampledToken sampled;
     if (on_backend(seq)) {
       sampled.token = sampled_tokens[logit_row];
@@ -377,6 +476,10 @@ std::vector<TokenEvent> Engine::step() {
     events.push_back(accept_token(seq, sampled));
     if (events.back().finish != FinishReason::kNone) finished.push_back(&seq);
   }
+  for (auto& [seq, rows] : beam_rows) {
+    step_beams(*seq, logits, rows, events);
+    if (seq->search->done()) finished.push_back(seq);
+  }
   for (Sequence* seq : finished) {
     release_finished(*seq);
     std::erase_if(running_, [&](const auto& s) { return s.get() == seq; });
@@ -388,7 +491,7 @@ void Engine::release_finished(Sequence& seq) {
   if (seq.keep_kv)
     kept_kv_[seq.id] = std::exchange(seq.table, {});
   else
-    kv::release(seq.table, pool_);
+    forget_kv(seq);
 }
 
 std::vector<Engine::RemotePrefill> Engine::start_remote_prefills() {
@@ -459,6 +562,103 @@ void Engine::release_kept_kv(RequestId id) {
   if (it == kept_kv_.end()) return;
   kv::release(it->second, pool_);
   kept_kv_.erase(it);
+}
+
+// One step of a beam search, from its running beams' logits (one row: the prompt's, before the
+// first step): score, pick the W best, and re-form the beams by block tables. A new beam forks its
+// parent's table (every block shared, the partly filled last one copied when next written); the
+// old tables are released after every fork, so a dropped beam's own blocks are freed at once.
+void Engine::step_beams(Sequence& seq, std::span<const float> logits, std::span<const size_t> rows,
+                        std::vector<TokenEvent>& events) {
+  const size_t vocab = size_t(model_.config().vocab_size);
+  const ptrdiff_t text_vocab = std::min<ptrdiff_t>(tokenizer_.vocab_size(), ptrdiff_t(vocab));
+  std::vector<std::vector<float>> scratch(rows.size());
+  std::vector<std::span<float>> row_spans;
+  for (size_t b = 0; b < rows.size(); ++b) {
+    scratch[b].assign(logits.begin() + ptrdiff_t(rows[b] * vocab), logits.begin() + ptrdiff_t((rows[b] + 1) * vocab));
+    std::fill(scratch[b].begin() + text_vocab, scratch[b].end(), -std::numeric_limits<float>::infinity());
+    row_spans.push_back(scratch[b]);
+  }
+  BeamSearch& search = *seq.search;
+  const std::vector<BeamSearch::Candidate> candidates = search.candidates(row_spans);
+
+  // Before the first step the one "beam" is the prompt itself.
+  const bool first = seq.beams.empty();
+  std::vector<std::span<const int32_t>> parents;
+  if (first) {
+    parents.push_back({});
+  } else {
+    for (const Sequence::Beam& beam : seq.beams) parents.push_back(std::span(beam.tokens).subspan(size_t(seq.num_prompt)));
+  }
+  const SamplingParams& p = seq.params;
+  std::vector<uint8_t> ends(candidates.size(), BeamSearch::kGoesOn);
+  for (size_t i = 0; i < candidates.size(); ++i) {
+    const BeamSearch::Candidate& c = candidates[i];
+    const bool stop_token =
+        (!p.ignore_eos && std::find(model_stop_ids_.begin(), model_stop_ids_.end(), c.token) != model_stop_ids_.end()) ||
+        std::find(p.stop_token_ids.begin(), p.stop_token_ids.end(), c.token) != p.stop_token_ids.end();
+    bool stop_string = false;
+    if (!stop_token && !p.stop.empty()) {
+      IncrementalDecoder decoder = first ? seq.decoder : seq.beams[size_t(c.parent)].decoder;
+      StopMatcher stop = first ? seq.stop : seq.beams[size_t(c.parent)].stop;
+      stop_string = stop.push(decoder.push(c.token)).stopped;
+    }
+    if (stop_token || stop_string) {
+      ends[i] = BeamSearch::kEndsByStop;
+    } else if (search.generated() + 1 >= search.max_new_tokens()) {
+      ends[i] = BeamSearch::kEndsByLength;
+    }
+  }
+  const std::vector<int32_t> next = search.advance(candidates, ends, parents);
+  // Usage: every token appended to a beam, running on or finished.
+  int32_t appended = int32_t(next.size());
+  for (size_t i = 0; i < candidates.size() && i < size_t(search.width()); ++i) appended += ends[i] ? 1 : 0;
+  seq.beam_tokens += appended;
+  stats_.generated_tokens += appended;
+  if (search.done()) {
+    finish_beams(seq, events);
+    return;
+  }
+
+  std::vector<Sequence::Beam> beams;
+  beams.reserve(next.size());
+  for (int32_t index : next) {
+    const BeamSearch::Candidate& c = candidates[size_t(index)];
+    Sequence::Beam beam = first ? Sequence::Beam{.tokens = seq.tokens,
+                                                 .table = kv::fork(seq.table, seq.num_computed, pool_),
+                                                 .decoder = seq.decoder,
+                                                 .stop = seq.stop}
+                                : Sequence::Beam{.tokens = seq.beams[size_t(c.parent)].tokens,
+                                                 .table = kv::fork(seq.beams[size_t(c.parent)].table, seq.num_computed, pool_),
+                                                 .decoder = seq.beams[size_t(c.parent)].decoder,
+                                                 .stop = seq.beams[size_t(c.parent)].stop};
+    beam.tokens.push_back(c.token);
+    if (!p.stop.empty()) beam.stop.push(beam.decoder.push(c.token));
+    beams.push_back(std::move(beam));
+  }
+  kv::release(seq.table, pool_);
+  seq.num_blocks_cached = 0;
+  for (Sequence::Beam& beam : seq.beams) kv::release(beam.table, pool_);
+  seq.beams = std::move(beams);
+}
+
+// The search is over: report its best num_return hypotheses with their text.
+void Engine::finish_beams(Sequence& seq, std::vector<TokenEvent>& events) {
+  TokenEvent event{.request = seq.id, .prompt_tokens = seq.num_prompt, .generated_tokens = seq.beam_tokens};
+  for (BeamHypothesis& h : seq.search->finished()) {
+    if (int32_t(event.beams.size()) == seq.params.num_return) break;
+    BeamOutput out{.cumulative_logprob = h.cumulative_logprob, .score = h.score,
+                   .finish = h.stopped ? FinishReason::kStop : FinishReason::kLength};
+    IncrementalDecoder decoder(tokenizer_);
+    StopMatcher stop(seq.params.stop);
+    for (int32_t token : h.tokens) out.text += stop.push(decoder.push(token)).text;
+    if (!stop.stopped()) out.text += stop.push(decoder.flush()).text;
+    if (!stop.stopped()) out.text += stop.flush();
+    out.tokens = std::move(h.tokens);
+    event.beams.push_back(std::move(out));
+  }
+  event.finish = event.beams.empty() ? FinishReason::kLength : event.beams.front().finish;
+  events.push_back(std::move(event));
 }
 
 }  // namespace pagoda

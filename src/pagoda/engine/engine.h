@@ -13,11 +13,20 @@
 // computes only the rest. Cached blocks no sequence holds are freed, least recently used first,
 // whenever the pool runs short (admission, growth, copy on write) and before anything is
 // preempted, so they count as free for admission.
+//
+// A beam-search request (params.beam_width = W >= 1, docs/beam-search.md) computes its prompt once
+// into one block table, then runs W beams whose tables share the prompt's blocks and each other's
+// (refcounts): every step all W beams decode together (W of the step's rows and batch slots),
+// BeamSearch picks the W best continuations, and the beams are re-formed by forking their
+// parents' tables (the partly filled last block is copied when it is next written), dropped beams'
+// blocks going back to the pool at once. It is preempted, and recomputed, as a whole: the prompt
+// once, then every beam's generated tokens.
 #pragma once
 
 #include <deque>
 #include <memory>
 #include <optional>
+#include <span>
 #include <unordered_map>
 #include <vector>
 
@@ -114,12 +123,20 @@ class Engine {
     Sequence* seq;
     int32_t start;   // first token index (== tokens already in the KV cache)
     int32_t count;
+    int32_t beam = -1;  // a beam of a beam-search request; -1: the sequence's own tokens and table
   };
 
   std::vector<ScheduledChunk> schedule();
   void reuse_cached_prefix(Sequence& seq);
   void forget_kv(Sequence& seq);
   bool grow(Sequence& seq, int32_t tokens);
+  bool grow_beams(Sequence& seq, int32_t tokens);
+  bool schedule_tokens(Sequence& seq, int32_t tokens, std::vector<ScheduledChunk>& chunks);
+  int32_t batch_slots_in_use() const;
+  void fork_beams_from_prompt(Sequence& seq);
+  void step_beams(Sequence& seq, std::span<const float> logits, std::span<const size_t> rows,
+                  std::vector<TokenEvent>& events);
+  void finish_beams(Sequence& seq, std::vector<TokenEvent>& events);
   void cache_full_blocks(Sequence& seq);
   void preempt(Sequence& victim);
   void finish(Sequence& seq, FinishReason reason, std::vector<TokenEvent>& events);

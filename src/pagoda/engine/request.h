@@ -31,6 +31,15 @@ enum class FinishReason : uint8_t {
 
 const char* finish_reason_name(FinishReason reason);
 
+// One hypothesis of a finished beam-search request.
+struct BeamOutput {
+  std::vector<int32_t> tokens;  // generated tokens, the stop token included when one ended it
+  std::string text;             // valid UTF-8, cut before a stop string
+  float cumulative_logprob = 0.f;  // sum of the tokens' log-probabilities (natural log)
+  float score = 0.f;               // cumulative_logprob / tokens.size()^length_penalty: the ranking
+  FinishReason finish = FinishReason::kNone;
+};
+
 // One step's news for one request: a new token, and the text it makes safe to show (text is
 // valid UTF-8 with stop strings cut off; it may be empty while a character or a possible stop
 // string is incomplete).
@@ -42,6 +51,9 @@ struct TokenEvent {
   FinishReason finish = FinishReason::kNone;
   int32_t prompt_tokens = 0;
   int32_t generated_tokens = 0;
+  // A beam-search request reports once, when it ends (token -1, text empty): its num_return best
+  // hypotheses, best first; generated_tokens then counts the tokens of every beam.
+  std::vector<BeamOutput> beams;
 };
 
 }  // namespace pagoda

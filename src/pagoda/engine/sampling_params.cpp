@@ -61,6 +61,40 @@ void validate(const SamplingParams& p) {
   for (int32_t id : p.stop_token_ids) {
     if (id < 0) bad("stop_token_ids", "token ids >= 0", id);
   }
+
+  if (p.beam_width < 0 || p.beam_width > kMaxBeamWidth) {
+    fail(ErrorKind::kInvalidArgument, "beam_width must be in [1, {}] (0 = no beam search), got {}", kMaxBeamWidth,
+         p.beam_width);
+  }
+  check_finite("length_penalty", p.length_penalty);
+  if (p.beam_width == 0) {
+    if (p.num_return != 1) bad("num_return", "1 without beam search", p.num_return);
+    return;
+  }
+  if (p.num_return < 1 || p.num_return > p.beam_width) {
+    fail(ErrorKind::kInvalidArgument, "num_return must be in [1, beam_width = {}], got {}", p.beam_width,
+         p.num_return);
+  }
+  // Beam search keeps the most likely continuations: there is nothing to sample.
+  if (p.temperature >= kGreedyBelowTemperature) {
+    fail(ErrorKind::kInvalidArgument, "beam search is deterministic: temperature must be 0, got {}", p.temperature);
+  }
+  if (p.repetition_penalty != 1.f || p.presence_penalty != 0.f || p.frequency_penalty != 0.f) {
+    fail(ErrorKind::kInvalidArgument, "beam search does not apply repetition, presence or frequency penalties");
+  }
+  if (p.logprobs != 0) {
+    fail(ErrorKind::kInvalidArgument,
+         "beam search reports each hypothesis' cumulative log-probability, not per-token logprobs");
+  }
+}
+
+const char* early_stopping_name(EarlyStopping e) {
+  switch (e) {
+    case EarlyStopping::kFalse: return "false";
+    case EarlyStopping::kTrue: return "true";
+    case EarlyStopping::kNever: return "never";
+  }
+  return "?";
 }
 
 }  // namespace pagoda

@@ -13,6 +13,16 @@ namespace pagoda {
 // OpenAI's top_logprobs allows at most 20; so does vLLM by default.
 inline constexpr int32_t kMaxLogprobs = 20;
 
+// Beam widths served: 64 beams already take 64 rows of a step (transformers and vLLM allow more,
+// but wider beams buy little and the KV bound grows with the width).
+inline constexpr int32_t kMaxBeamWidth = 64;
+
+// transformers' early_stopping: kTrue ends a beam search once beam_width hypotheses are finished;
+// kFalse once no running beam can beat the worst finished one at its current length (the
+// heuristic); kNever the same, but scoring running beams at the longest length they could reach
+// when length_penalty > 0 (the canonical beam search).
+enum class EarlyStopping : uint8_t { kFalse, kTrue, kNever };
+
 // Temperatures below this sample greedily: dividing logits by a tinier one overflows to inf
 // (vLLM draws the same line).
 inline constexpr float kGreedyBelowTemperature = 1e-5f;
@@ -33,7 +43,17 @@ struct SamplingParams {
   // 0: no logprobs. n >= 1: the chosen token's logprob and the n most likely tokens' (OpenAI's
   // logprobs=true with top_logprobs=0 is n = 1 with the list dropped by the server).
   int32_t logprobs = 0;
+
+  // Beam search (engine/beam_search.h) when beam_width >= 1: deterministic, so it needs
+  // temperature 0, no penalties and no logprobs; the filters (top-k, top-p, min-p) are unused.
+  int32_t beam_width = 0;           // beams; 0: sampling or greedy as above
+  float length_penalty = 1.0f;      // hypothesis score = sum of logprobs / generated length^length_penalty
+  EarlyStopping early_stopping = EarlyStopping::kFalse;
+  int32_t num_return = 1;           // finished hypotheses returned, best first: 1..beam_width
 };
+
+// "true", "false", "never" (also the parser of --early-stopping and the server's field).
+const char* early_stopping_name(EarlyStopping e);
 
 // Throws pagoda::Error(kInvalidArgument) naming the first parameter out of range and its range.
 void validate(const SamplingParams& params);

@@ -144,12 +144,13 @@ int Api::route(const http::Request& request, http::Exchange& exchange) {
 int Api::generate(const http::Request& request, http::Exchange& exchange, ApiKind kind) {
   const GenerationJob job =
       kind == ApiKind::kChat ? parse_chat_request(request.body, model_) : parse_completion_request(request.body, model_);
+  // A beam search is one engine request per prompt, whose n best hypotheses are its n choices.
   std::vector<Request> choices;
   for (size_t p = 0; p < job.prompts.size(); ++p) {
-    for (int32_t j = 0; j < job.n; ++j)
-      choices.push_back({.prompt = job.prompts[p], .params = choice_params(job, int32_t(choices.size()))});
+    for (int32_t j = 0; j < (job.beam_search ? 1 : job.n); ++j)
+      choices.push_back({.prompt = job.prompts[p], .params = choice_params(job, int32_t(p) * job.n + j)});
   }
-  std::vector<ChoiceOutput> outputs(choices.size());
+  std::vector<ChoiceOutput> outputs(job.prompts.size() * size_t(job.n));
   for (size_t i = 0; i < outputs.size(); ++i) outputs[i].index = int32_t(i);
   const std::shared_ptr<GenerationStream> stream = engine_.submit(std::move(choices));
   // However this handler ends (a client gone, an exception), the request stops with it.
@@ -177,6 +178,19 @@ int Api::generate(const http::Request& request, http::Exchange& exchange, ApiKin
   while (!stream->done()) {
     for (ChoiceEvent& news : stream->wait(kPollInterval)) {
       const TokenEvent& event = news.event;
+      if (job.beam_search) {  // one event, at the end (streaming is refused)
+        for (size_t j = 0; j < event.beams.size(); ++j) {
+          ChoiceOutput& out = outputs[size_t(news.choice) * size_t(job.n) + j];
+          out.text = event.beams[j].text;
+          out.finish = event.beams[j].finish;
+          out.cumulative_logprob = event.beams[j].cumulative_logprob;
+          out.beam_score = event.beams[j].score;
+          out.prompt_tokens = event.prompt_tokens;
+          out.completion_tokens = j == 0 ? event.generated_tokens : 0;  // every beam's tokens, counted once
+        }
+        if (event.finish == FinishReason::kCancelled) outputs[size_t(news.choice) * size_t(job.n)].finish = event.finish;
+        continue;
+      }
       ChoiceOutput& out = outputs[size_t(news.choice)];
       const bool has_token = event.token >= 0;
       if (has_token && job.logprobs) out.tokens.push_back(event.sampled);

@@ -145,7 +145,7 @@ void EngineService::deliver(std::vector<TokenEvent> events) {
       metrics_.observe_time_to_first_token(std::chrono::duration<double>(now - t.submitted).count());
     }
     const bool finished = event.finish != FinishReason::kNone;
-    if (finished && event.generated_tokens > 1) {
+    if (finished && event.generated_tokens > 1 && event.beams.empty()) {  // a beam search streams no tokens
       metrics_.observe_time_per_output_token(std::chrono::duration<double>(now - t.first_token).count() /
                                              (event.generated_tokens - 1));
     }

@@ -241,7 +241,56 @@ void read_common(const json& body, const ModelContext& model, GenerationJob& job
   }
 }
 
+// vLLM's beam-search fields. Called after read_common (n and temperature are known) and before
+// the logprobs fields, which validate() refuses for a beam search.
+void read_beam_search(const json& body, GenerationJob& job) {
+  const json* use = find(body, "use_beam_search");
+  job.beam_search = use && as_bool(*use, "use_beam_search");
+  if (!job.beam_search) {
+    for (const char* name : {"beam_width", "length_penalty", "early_stopping"}) {
+      if (find(body, name)) refuse(name, "'{}' needs \"use_beam_search\": true", name);
+    }
+    return;
+  }
+  if (job.stream) {
+    refuse("stream",
+           "streaming is not supported with use_beam_search: the best hypotheses are known only when the search "
+           "ends; send \"stream\": false");
+  }
+  SamplingParams& params = job.params;
+  int32_t width = job.n;
+  const json* best_of = find(body, "best_of");
+  const json* beam_width = find(body, "beam_width");
+  if (best_of) width = as_int32(*best_of, "best_of");
+  if (beam_width) {
+    const int32_t w = as_int32(*beam_width, "beam_width");
+    if (best_of && w != width) refuse("beam_width", "'beam_width' ({}) and 'best_of' ({}) differ; send one", w, width);
+    width = w;
+  }
+  const std::string param = beam_width ? "beam_width" : best_of ? "best_of" : "n";
+  if (width < 1 || width > kMaxBeamWidth) refuse(param, "the beam width must be between 1 and {}, got {}", kMaxBeamWidth, width);
+  if (job.n > width) refuse("n", "n ({}) must be at most the beam width ({}): a beam search returns its best beams", job.n, width);
+  params.beam_width = width;
+  params.num_return = job.n;
+  if (find(body, "temperature") == nullptr) params.temperature = 0.f;
+  if (params.temperature != 0.f) refuse("temperature", "beam search is deterministic: temperature must be 0, got {}", params.temperature);
+  if (const json* value = find(body, "length_penalty")) params.length_penalty = as_float(*value, "length_penalty");
+  if (const json* value = find(body, "early_stopping")) {
+    if (value->is_boolean()) {
+      params.early_stopping = value->get<bool>() ? EarlyStopping::kTrue : EarlyStopping::kFalse;
+    } else if (value->is_string() && value->get_ref<const std::string&>() == "never") {
+      params.early_stopping = EarlyStopping::kNever;
+    } else {
+      wrong_type("early_stopping", "true, false or \"never\"", *value);
+    }
+  }
+  check_valid(params, "use_beam_search");
+}
+
 void set_logprobs(GenerationJob& job, int32_t top_logprobs, const char* param) {
+  if (job.beam_search) {
+    refuse(param, "logprobs are not supported with use_beam_search: each choice carries its cumulative_logprob");
+  }
   if (top_logprobs < 0 || top_logprobs > kMaxLogprobs) {
     refuse(param, "{} must be between 0 and {}, got {}", param, kMaxLogprobs, top_logprobs);
   }
@@ -390,6 +439,7 @@ GenerationJob parse_chat_request(std::string_view text, const ModelContext& mode
   refuse_unsupported(body, ApiKind::kChat);
   GenerationJob job{.kind = ApiKind::kChat};
   read_common(body, model, job);
+  read_beam_search(body, job);
 
   const json* logprobs_value = find(body, "logprobs");
   const bool logprobs = logprobs_value && as_bool(*logprobs_value, "logprobs");
@@ -423,10 +473,13 @@ GenerationJob parse_completion_request(std::string_view text, const ModelContext
   refuse_unsupported(body, ApiKind::kCompletion);
   GenerationJob job{.kind = ApiKind::kCompletion};
   read_common(body, model, job);
+  read_beam_search(body, job);
 
-  // best_of picks the most likely of several samples: only best_of == n (no picking) is served.
-  if (const json* best_of = find(body, "best_of"); best_of && as_int32(*best_of, "best_of") != job.n) {
-    not_supported("best_of", "'best_of' other than n");
+  // best_of picks the most likely of several samples: only best_of == n (no picking) is served,
+  // unless it is a beam search's width.
+  if (const json* best_of = find(body, "best_of");
+      !job.beam_search && best_of && as_int32(*best_of, "best_of") != job.n) {
+    not_supported("best_of", "'best_of' other than n (without \"use_beam_search\": true)");
   }
   if (const json* logprobs = find(body, "logprobs")) set_logprobs(job, as_int32(*logprobs, "logprobs"), "logprobs");
 
@@ -443,6 +496,7 @@ SamplingParams choice_params(const GenerationJob& job, int32_t index) {
   assert(index >= 0 && size_t(index) < job.prompts.size() * size_t(job.n));
   SamplingParams params = job.params;
   params.max_tokens = job.max_tokens_per_prompt[size_t(index / job.n)];
+  if (job.beam_search) return params;  // deterministic: no seed to vary
   if (params.seed) *params.seed += uint64_t(index);  // wraps modulo 2^64, like the seed itself
   return params;
 }

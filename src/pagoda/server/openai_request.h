@@ -20,6 +20,12 @@
 //  - top_k: 0 or -1 is off (-1 is vLLM's spelling). seed: any 64-bit integer, negative ones
 //    taken modulo 2^64.
 //  - completions logprobs: 0..20 like vLLM (OpenAI caps it at 5).
+//  - vLLM's beam-search extension, on both endpoints: "use_beam_search": true with "beam_width"
+//    or "best_of" (the beams, 1..64; default n), "n" (hypotheses returned, <= the beams),
+//    "length_penalty", "early_stopping" (true, false or "never"). temperature defaults to 0 and
+//    must stay 0; stream and logprobs are refused (the hypotheses are known only at the end, and
+//    each choice carries its cumulative_logprob instead). Those fields without use_beam_search
+//    are refused rather than ignored.
 //  - chat content may be an array of {"type":"text"} parts, joined with "\n" (vLLM); other part
 //    types (images, audio) are refused. Roles: system, user, assistant.
 #pragma once
@@ -69,6 +75,9 @@ struct GenerationJob {
   // max(1, top_logprobs) so the chosen token's logprob exists; responses show top_logprobs.
   bool logprobs = false;
   int32_t top_logprobs = 0;  // chat: top_logprobs; completions: k
+  // use_beam_search: one engine request per prompt (params.beam_width beams) returning its n best
+  // hypotheses as the prompt's n choices.
+  bool beam_search = false;
 };
 
 GenerationJob parse_chat_request(std::string_view body, const ModelContext& model);

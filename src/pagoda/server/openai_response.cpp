@@ -120,6 +120,10 @@ std::string completion_response_json(const GenerationJob& job, const ResponseIds
     }
     out["logprobs"] = std::move(logprobs);
     out["finish_reason"] = finish_reason(choice.finish);
+    if (job.beam_search) {
+      out["cumulative_logprob"] = choice.cumulative_logprob;
+      out["beam_score"] = choice.beam_score;
+    }
     out_choices.push_back(std::move(out));
 
     const size_t prompt = size_t(choice.index / job.n);

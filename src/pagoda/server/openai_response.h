@@ -27,6 +27,9 @@ struct ChoiceOutput {
   std::vector<SampledToken> tokens;  // every generated token with its logprobs (when job.logprobs)
   FinishReason finish = FinishReason::kNone;
   int32_t prompt_tokens = 0, completion_tokens = 0;
+  // A beam search's hypothesis: written as the choice's "cumulative_logprob" (sum of its tokens'
+  // natural-log probabilities) and "beam_score" (that over length^length_penalty, the ranking).
+  float cumulative_logprob = 0.f, beam_score = 0.f;
 };
 
 struct ResponseIds {
