@@ -6,6 +6,7 @@
 // under 1e-5), which can tip a value onto the other side of a rounding midpoint. Hence
 // |got - ref| <= (u + 2e-5) |ref| + 1e-6 (the floor covers f16 subnormals). A wrong row, weight,
 // sign or angle is off by O(|ref|), far outside it. Copies and adds are checked bit for bit.
+#include "gpu_test.h"
 #include "pagoda/backend/cuda/layer_ops.h"
 
 #include <gtest/gtest.h>
@@ -61,8 +62,9 @@ std::vector<double> rms_norm_reference(DType dtype, const uint16_t* x, const uin
   return out;
 }
 
-TEST(GpuLayerOps, EmbedCopiesRowsExactly) {
-  if (!device_available()) GTEST_SKIP() << "no CUDA device";
+class GpuLayerOps : public GpuTest {};
+
+TEST_F(GpuLayerOps, EmbedCopiesRowsExactly) {
   std::mt19937 rng(1);
   for (DType dtype : kDtypes) {
     const int64_t vocab = 50, hidden = 576;
@@ -84,8 +86,7 @@ TEST(GpuLayerOps, EmbedCopiesRowsExactly) {
 
 // Plain (rows null) and gathered (rows: the sampling positions) RMSNorm, at SmolLM2's hidden
 // size (576: fewer vectors than threads) and Llama's (4096).
-TEST(GpuLayerOps, RmsNormMatchesHost) {
-  if (!device_available()) GTEST_SKIP() << "no CUDA device";
+TEST_F(GpuLayerOps, RmsNormMatchesHost) {
   std::mt19937 rng(2);
   const float eps = 1e-5f;
   for (DType dtype : kDtypes) {
@@ -118,8 +119,7 @@ TEST(GpuLayerOps, RmsNormMatchesHost) {
 // The stored residual is exactly round(residual + delta) (fp32 sum, round to nearest even, as
 // the host's f32_to_f16/bf16 do), and the norm is that of the rounded residual. Run again with
 // out aliasing delta (allowed by the header): the same bits.
-TEST(GpuLayerOps, AddRmsNormStoresRoundedResidualAndNormalizesIt) {
-  if (!device_available()) GTEST_SKIP() << "no CUDA device";
+TEST_F(GpuLayerOps, AddRmsNormStoresRoundedResidualAndNormalizesIt) {
   std::mt19937 rng(3);
   const float eps = 1e-6f;
   for (DType dtype : kDtypes) {
@@ -153,8 +153,7 @@ TEST(GpuLayerOps, AddRmsNormStoresRoundedResidualAndNormalizesIt) {
   }
 }
 
-TEST(GpuLayerOps, AddIsRoundedSum) {
-  if (!device_available()) GTEST_SKIP() << "no CUDA device";
+TEST_F(GpuLayerOps, AddIsRoundedSum) {
   std::mt19937 rng(4);
   for (DType dtype : kDtypes) {
     const int64_t n = 3, hidden = 2056;  // 257 vectors per row: the grid-stride tail
@@ -170,8 +169,7 @@ TEST(GpuLayerOps, AddIsRoundedSum) {
   }
 }
 
-TEST(GpuLayerOps, SiluMulMatchesHost) {
-  if (!device_available()) GTEST_SKIP() << "no CUDA device";
+TEST_F(GpuLayerOps, SiluMulMatchesHost) {
   std::mt19937 rng(5);
   for (DType dtype : kDtypes) {
     const int64_t n = 4, width = 1536;  // SmolLM2's intermediate size
@@ -190,8 +188,7 @@ TEST(GpuLayerOps, SiluMulMatchesHost) {
   }
 }
 
-TEST(GpuLayerOps, RejectsUnvectorizableShapesAndOtherDtypes) {
-  if (!device_available()) GTEST_SKIP() << "no CUDA device";
+TEST_F(GpuLayerOps, RejectsUnvectorizableShapesAndOtherDtypes) {
   DeviceArray<uint16_t> buffer(64);
   EXPECT_THROW(add(buffer.data(), buffer.data(), 2, 12, DType::kF16, nullptr), Error);
   EXPECT_THROW(rms_norm(buffer.data(), nullptr, buffer.data(), 1e-5f, 2, 16, DType::kF32, buffer.data(), nullptr), Error);
@@ -206,8 +203,7 @@ struct RopeCase {
   int q_heads, kv_heads, head_dim;
 };
 
-TEST(GpuLayerOps, RopeAppendKvMatchesHost) {
-  if (!device_available()) GTEST_SKIP() << "no CUDA device";
+TEST_F(GpuLayerOps, RopeAppendKvMatchesHost) {
   std::mt19937 rng(6);
   constexpr uint16_t kSentinel = 0x5a5a;
   const int32_t num_blocks = 8, block_size = 16;
