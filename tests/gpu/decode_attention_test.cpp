@@ -16,6 +16,7 @@
 //   lse: fp32 on both sides, from the same q and K: |lse - cpu| <= 1e-3 * max(1, |cpu|).
 // Every run first poisons out and lse with NaN bytes (0xff), so an element the kernel does not
 // write shows as non-finite. A sequence with no KV must give exactly o = 0 and lse = -inf.
+#include "gpu_test.h"
 #include "pagoda/backend/cuda/decode_attention.h"
 
 #include <gtest/gtest.h>
@@ -135,13 +136,12 @@ void expect_gpu_matches_cpu(Inputs& in, const DecodePlan& plan, bool with_lse = 
 using GridParam = std::tuple<DType, int32_t /*head_dim*/, int32_t /*block_size*/,
                              int32_t /*group*/, bool /*split*/, Hints, DecodeKernel>;
 
-class GpuDecodeGrid : public ::testing::TestWithParam<GridParam> {};
+class GpuDecodeGrid : public GpuTestWithParam<GridParam> {};
 
 // Forced splits: items of 2-3 blocks (so a 1000-token sequence has 8 to 21 partial states).
 int32_t forced_chunk(int32_t block_size) { return (block_size == 64 ? 2 : 3) * block_size; }
 
 TEST_P(GpuDecodeGrid, MatchesCpuExecutor) {
-  if (!device_available()) GTEST_SKIP() << "no CUDA device";
   const auto [dtype, head_dim, block_size, group, split, hints, kernel] = GetParam();
   uint64_t seed = 1;
   for (int64_t x : {int64_t(dtype), int64_t(head_dim), int64_t(block_size), int64_t(group),
@@ -176,9 +176,10 @@ INSTANTIATE_TEST_SUITE_P(
 
 // ---- Edge cases. ----
 
+class GpuDecode : public GpuTest {};
+
 // Sequences of one token (alone and three of them): o is that token's V row.
-TEST(GpuDecode, LengthOne) {
-  if (!device_available()) GTEST_SKIP() << "no CUDA device";
+TEST_F(GpuDecode, LengthOne) {
   uint64_t seed = 100;
   for (const DType dtype : {DType::kF16, DType::kBF16}) {
     for (const int32_t head_dim : {64, 128, 256}) {
@@ -197,8 +198,7 @@ TEST(GpuDecode, LengthOne) {
 
 // Lengths that end inside a block, every block size, splits of one and two blocks, and prefetch
 // distances that reach past the end of short sequences.
-TEST(GpuDecode, LengthsNotAMultipleOfTheBlockSize) {
-  if (!device_available()) GTEST_SKIP() << "no CUDA device";
+TEST_F(GpuDecode, LengthsNotAMultipleOfTheBlockSize) {
   uint64_t seed = 200;
   for (const int32_t bs : {16, 32, 64}) {
     Inputs in = make_batch_inputs({.block_size = bs, .group = 4}, {bs - 1, bs + 1, 2 * bs - 1, 5 * bs + 3, 7}, ++seed);
@@ -220,8 +220,7 @@ TEST(GpuDecode, LengthsNotAMultipleOfTheBlockSize) {
 
 // One batch mixing a 1-token and a 32768-token sequence (f16, head_dim 128, block 16, group 4):
 // the planner's own split for this device, and no split. Also against the exact reference.
-TEST(GpuDecode, LongAndShortSequence) {
-  if (!device_available()) GTEST_SKIP() << "no CUDA device";
+TEST_F(GpuDecode, LongAndShortSequence) {
   const Config c{.dtype = DType::kF16, .head_dim = 128, .block_size = 16, .group = 4};
   Inputs in = make_batch_inputs(c, {1, 32768}, 300);
   const DeviceInputs dev(in);
@@ -246,8 +245,7 @@ TEST(GpuDecode, LongAndShortSequence) {
 }
 
 // Both dtypes and both kernels against the exact reference as well as the CPU executor.
-TEST(GpuDecode, MatchesExactReference) {
-  if (!device_available()) GTEST_SKIP() << "no CUDA device";
+TEST_F(GpuDecode, MatchesExactReference) {
   uint64_t seed = 400;
   for (const DType dtype : {DType::kF16, DType::kBF16}) {
     Inputs in = make_batch_inputs({.dtype = dtype, .head_dim = 128, .block_size = 32, .group = 4},
@@ -272,8 +270,7 @@ TEST(GpuDecode, MatchesExactReference) {
 
 // Non-contiguous, shuffled and repeated block ids: sequences sharing blocks (a common prefix, the
 // same blocks in reverse order, one block listed three times), block 0 among them.
-TEST(GpuDecode, SharedShuffledAndRepeatedBlocks) {
-  if (!device_available()) GTEST_SKIP() << "no CUDA device";
+TEST_F(GpuDecode, SharedShuffledAndRepeatedBlocks) {
   const int32_t bs = 16;
   const std::vector<std::vector<int32_t>> blocks = {
       {9, 0, 4, 11, 2}, {9, 0, 4}, {2, 11, 4, 0, 9}, {4, 4, 4}, {7}};
@@ -291,8 +288,7 @@ TEST(GpuDecode, SharedShuffledAndRepeatedBlocks) {
 }
 
 // Block id 0 as a sequence's only block, as its last block, and as its first.
-TEST(GpuDecode, BlockZero) {
-  if (!device_available()) GTEST_SKIP() << "no CUDA device";
+TEST_F(GpuDecode, BlockZero) {
   const int32_t bs = 16;
   Inputs in = make_inputs({.head_dim = 128, .block_size = bs, .group = 4}, 4,
                           {{0}, {3, 0}, {0, 1, 2, 3}}, {5, bs + 9, 4 * bs}, 600);
@@ -304,8 +300,7 @@ TEST(GpuDecode, BlockZero) {
 }
 
 // A sequence with no KV gets o = 0 and lse = -inf (as the CPU executor), beside others, or alone.
-TEST(GpuDecode, EmptySequence) {
-  if (!device_available()) GTEST_SKIP() << "no CUDA device";
+TEST_F(GpuDecode, EmptySequence) {
   uint64_t seed = 700;
   for (const std::vector<int32_t>& lengths :
        {std::vector<int32_t>{0, 20, 0}, std::vector<int32_t>{0}, std::vector<int32_t>{0, 0}}) {
@@ -321,8 +316,7 @@ TEST(GpuDecode, EmptySequence) {
 
 // The NHD layout ([block][token][kv head][head_dim]), in SmolLM2-135M's shape: 9 q heads over 3
 // kv heads, head_dim 64, 16-token blocks.
-TEST(GpuDecode, NhdLayout) {
-  if (!device_available()) GTEST_SKIP() << "no CUDA device";
+TEST_F(GpuDecode, NhdLayout) {
   uint64_t seed = 800;
   for (const DType dtype : {DType::kF16, DType::kBF16}) {
     Inputs in = make_batch_inputs({.dtype = dtype, .head_dim = 64, .block_size = 16, .group = 3,
@@ -337,8 +331,7 @@ TEST(GpuDecode, NhdLayout) {
 }
 
 // lse = nullptr: the output alone, split (the merges must not need it) or not.
-TEST(GpuDecode, NullLse) {
-  if (!device_available()) GTEST_SKIP() << "no CUDA device";
+TEST_F(GpuDecode, NullLse) {
   Inputs in = make_batch_inputs({.head_dim = 128, .block_size = 16, .group = 4}, {1, 17, 300, 1000, 0}, 900);
   for (const PlanOptions& options : {no_split(), forced_split(48)}) {
     const DecodePlan plan = make_plan(in, options);
@@ -349,8 +342,7 @@ TEST(GpuDecode, NullLse) {
 
 // Slots past a sequence's length in its last block hold NaN (never-written pool memory): the
 // kernels must not let them into the result (e.g. as 0 * NaN in P V).
-TEST(GpuDecode, SlotsPastTheLengthAreNeverRead) {
-  if (!device_available()) GTEST_SKIP() << "no CUDA device";
+TEST_F(GpuDecode, SlotsPastTheLengthAreNeverRead) {
   uint64_t seed = 1000;
   for (const DType dtype : {DType::kF16, DType::kBF16}) {
     Inputs in = make_batch_inputs({.dtype = dtype, .head_dim = 128, .block_size = 32, .group = 4},
@@ -368,8 +360,7 @@ TEST(GpuDecode, SlotsPastTheLengthAreNeverRead) {
 // 128) and the sequence: out must be that token's V row, so a kernel that drops, repeats or
 // shifts a single token at such a boundary is off by O(1), far past any tolerance. (With
 // uniform inputs alone the softmax is nearly flat and one token moves out by about 1/length.)
-TEST(GpuDecode, DominantTokenAtEveryBoundary) {
-  if (!device_available()) GTEST_SKIP() << "no CUDA device";
+TEST_F(GpuDecode, DominantTokenAtEveryBoundary) {
   const Config c{.dtype = DType::kF16, .head_dim = 128, .block_size = 16, .group = 4};
   const std::vector<int32_t> positions = {0, 15, 16, 47, 48, 63, 64, 127, 128, 383, 384, 998, 999};
   Inputs in = make_batch_inputs(c, std::vector<int32_t>(positions.size(), 1000), 1100);
@@ -408,8 +399,7 @@ TEST(GpuDecode, DominantTokenAtEveryBoundary) {
 
 // A block id outside the pool, or a workspace uploaded for another shape: Error(kInvalidArgument),
 // nothing launched.
-TEST(GpuDecode, RejectsBadBlockIdsAndMismatchedWorkspace) {
-  if (!device_available()) GTEST_SKIP() << "no CUDA device";
+TEST_F(GpuDecode, RejectsBadBlockIdsAndMismatchedWorkspace) {
   const Config c{.head_dim = 128, .block_size = 16, .group = 4};
   Inputs in = make_batch_inputs(c, {40, 20}, 1200);
   const DeviceInputs dev(in);
@@ -444,8 +434,7 @@ TEST(GpuDecode, RejectsBadBlockIdsAndMismatchedWorkspace) {
 // A pool of more than 2^31 elements per K or V (4.3 GB each in f16), the batch's blocks at its
 // far end: every offset into it needs 64 bits. The blocks hold the same values as a small pool
 // that the CPU executor reads.
-TEST(GpuDecode, PoolLargerThanInt32Offsets) {
-  if (!device_available()) GTEST_SKIP() << "no CUDA device";
+TEST_F(GpuDecode, PoolLargerThanInt32Offsets) {
   const Config c{.dtype = DType::kF16, .head_dim = 128, .block_size = 16, .group = 4, .num_kv_heads = 1};
   Inputs in = make_batch_inputs(c, {300, 1000}, 1300);
   const int64_t page_elements = int64_t(c.block_size) * c.num_kv_heads * c.head_dim;
@@ -482,8 +471,7 @@ TEST(GpuDecode, PoolLargerThanInt32Offsets) {
 
 // ---- Unsupported input: a reason, and decode_attention throws Error(kUnsupported). ----
 
-TEST(GpuDecode, RejectsUnsupportedInput) {
-  if (!device_available()) GTEST_SKIP() << "no CUDA device";
+TEST_F(GpuDecode, RejectsUnsupportedInput) {
   struct Case {
     const char* what;
     Config config;

@@ -6,6 +6,7 @@
 // |got - ref| <= u_out |ref| + 8 sqrt(k) 2^-24 sum_j |x_j w_j| + 1e-6, with u_out 2^-11 (f16),
 // 2^-8 (bf16), 0 (f32). With x ~ N(0, 1) and w ~ N(0, 1/k) outputs are O(1): a transposed
 // operand, a dropped bias (~0.5) or a wrong row is off by O(1).
+#include "gpu_test.h"
 #include "pagoda/backend/cuda/gemm.h"
 
 #include <gtest/gtest.h>
@@ -64,8 +65,9 @@ struct OutputCase {
   bool bias;
 };
 
-TEST(GpuGemm, MatchesHostForModelShapesAndRepeatsBitForBit) {
-  if (!device_available()) GTEST_SKIP() << "no CUDA device";
+class GpuGemm : public GpuTest {};
+
+TEST_F(GpuGemm, MatchesHostForModelShapesAndRepeatsBitForBit) {
   std::mt19937 rng(11);
   Gemm gemm;  // one for every shape, as the backend holds one: plans accumulate in its cache
   const std::pair<int64_t, int64_t> weight_shapes[] = {{4096, 4096}, {11008, 4096}, {512, 64}};
@@ -115,8 +117,7 @@ TEST(GpuGemm, MatchesHostForModelShapesAndRepeatsBitForBit) {
 
 // A decode step is replayed from a CUDA graph: once its plan is cached, run() must be capturable
 // (no heuristic query, no allocation, the fixed workspace) and the replay give the same bits.
-TEST(GpuGemm, CapturedInCudaGraphMatchesEager) {
-  if (!device_available()) GTEST_SKIP() << "no CUDA device";
+TEST_F(GpuGemm, CapturedInCudaGraphMatchesEager) {
   std::mt19937 rng(12);
   const int64_t m = 7, n = 512, k = 64;
   const DType dtype = DType::kBF16;
@@ -144,8 +145,7 @@ TEST(GpuGemm, CapturedInCudaGraphMatchesEager) {
   cudaStreamDestroy(stream);
 }
 
-TEST(GpuGemm, RejectsWhatItCannotRun) {
-  if (!device_available()) GTEST_SKIP() << "no CUDA device";
+TEST_F(GpuGemm, RejectsWhatItCannotRun) {
   Gemm gemm;
   DeviceArray<uint16_t> buffer(1024);
   DeviceArray<float> out(1024);

@@ -1,6 +1,7 @@
 // kv_tensor_map (backend/cuda/kv_tensor_map.h): a pool it cannot describe is refused with
 // Error(kUnsupported) naming why. The shape checks come before the driver is asked, so they run
 // without a GPU; the driver's own refusal (an address off its 16-byte alignment) needs one.
+#include "gpu_test.h"
 #include "pagoda/backend/cuda/kv_tensor_map.h"
 
 #include <gtest/gtest.h>
@@ -31,7 +32,7 @@ void expect_refused(const std::optional<Error>& e, const std::string& because) {
   EXPECT_NE(std::string(e->what()).find(because), std::string::npos) << e->what();
 }
 
-TEST(KvTensorMap, RefusesShapesItsBoxCannotCover) {
+TEST(KvTensorMapShapes, RefusesShapesItsBoxCannotCover) {
   struct Case {
     DType dtype;
     int32_t block_size, head_dim;
@@ -43,8 +44,9 @@ TEST(KvTensorMap, RefusesShapesItsBoxCannotCover) {
   }
 }
 
-TEST(KvTensorMap, RefusesAPoolOffItsAlignment) {
-  if (!device_available()) GTEST_SKIP() << "no CUDA device";
+class KvTensorMap : public GpuTest {};
+
+TEST_F(KvTensorMap, RefusesAPoolOffItsAlignment) {
   const PagedKv shape = make_paged_kv(nullptr, nullptr, DType::kF16, KvLayout::kNhd, 4, 16, 2, 128, Device::kCuda);
   DeviceArray<uint16_t> pool(size_t(shape.elements_per_pool()) + 8);
   EXPECT_FALSE(refusal(pool.data(), shape).has_value());                               // cudaMalloc'd: described

@@ -10,6 +10,7 @@
 // under 1e-5), which can tip a value onto the other side of a rounding midpoint. Hence
 // |got - ref| <= (u + 2e-5) |ref| + 1e-6 (the floor covers f16 subnormals). A wrong row, weight,
 // sign or angle is off by O(|ref|), far outside it. The residual is checked bit for bit.
+#include "gpu_test.h"
 #include "pagoda/backend/cuda/layer_ops.h"
 
 #include <gtest/gtest.h>
@@ -64,10 +65,11 @@ std::vector<double> rms_norm_reference(DType dtype, const uint16_t* x, const uin
   return out;
 }
 
+class GpuLayerOps : public GpuTest {};
+
 // Plain (rows null) and gathered (rows: the sampling positions) RMSNorm, at SmolLM2's hidden
 // size (576: fewer vectors than threads) and Llama's (4096).
-TEST(GpuLayerOps, RmsNormMatchesHost) {
-  if (!device_available()) GTEST_SKIP() << "no CUDA device";
+TEST_F(GpuLayerOps, RmsNormMatchesHost) {
   std::mt19937 rng(2);
   const float eps = 1e-5f;
   for (DType dtype : kDtypes) {
@@ -100,8 +102,7 @@ TEST(GpuLayerOps, RmsNormMatchesHost) {
 // The stored residual is exactly round(residual + delta) (fp32 sum, round to nearest even, as
 // the host's f32_to_f16/bf16 do), and the norm is that of the rounded residual. Run again with
 // out aliasing delta (allowed by the header): the same bits.
-TEST(GpuLayerOps, AddRmsNormStoresRoundedResidualAndNormalizesIt) {
-  if (!device_available()) GTEST_SKIP() << "no CUDA device";
+TEST_F(GpuLayerOps, AddRmsNormStoresRoundedResidualAndNormalizesIt) {
   std::mt19937 rng(3);
   const float eps = 1e-6f;
   for (DType dtype : kDtypes) {
@@ -135,8 +136,7 @@ TEST(GpuLayerOps, AddRmsNormStoresRoundedResidualAndNormalizesIt) {
   }
 }
 
-TEST(GpuLayerOps, RejectsUnvectorizableShapesAndOtherDtypes) {
-  if (!device_available()) GTEST_SKIP() << "no CUDA device";
+TEST_F(GpuLayerOps, RejectsUnvectorizableShapesAndOtherDtypes) {
   DeviceArray<uint16_t> buffer(64);
   EXPECT_THROW(add(buffer.data(), buffer.data(), 2, 12, DType::kF16, nullptr), Error);
   EXPECT_THROW(rms_norm(buffer.data(), nullptr, buffer.data(), 1e-5f, 2, 16, DType::kF32, buffer.data(), nullptr), Error);
@@ -151,8 +151,7 @@ struct RopeCase {
   int q_heads, kv_heads, head_dim;
 };
 
-TEST(GpuLayerOps, RopeAppendKvMatchesHost) {
-  if (!device_available()) GTEST_SKIP() << "no CUDA device";
+TEST_F(GpuLayerOps, RopeAppendKvMatchesHost) {
   std::mt19937 rng(6);
   constexpr uint16_t kSentinel = 0x5a5a;
   const int32_t num_blocks = 8, block_size = 16;

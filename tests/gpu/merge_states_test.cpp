@@ -1,4 +1,5 @@
 // GPU tests skip when no GPU is present (CI); they run on the device machine via `make gpu-test`.
+#include "gpu_test.h"
 #include "pagoda/backend/cuda/merge_states.h"
 
 #include <gtest/gtest.h>
@@ -19,10 +20,9 @@ namespace {
 // Split decode never produces an empty partial, so the empty cases are only reachable here.
 // A warp covers 4, 2 or 1 rows at head_dim 64, 128 and 256; with a group of 3, one warp's rows
 // belong to different tasks, with different numbers of partials.
-class GpuMergeStates : public ::testing::TestWithParam<int> {};
+class GpuMergeStates : public GpuTestWithParam<int> {};
 
 TEST_P(GpuMergeStates, MatchesHostMerge) {
-  if (!device_available()) GTEST_SKIP() << "no CUDA device";
   const int group = 3, num_q_heads = 6, dim = GetParam(), num_seqs = 2;
   // Tasks with 1, 9 and 2 partials; every partial of (seq 1, kv head 0) is empty, and one slot of
   // (seq 0, kv head 1) is.

@@ -18,6 +18,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "gpu_test.h"
 #include "../model/model_runner.h"
 #include "pagoda/backend/cpu/cpu_backend.h"
 #include "pagoda/backend/cuda/check.h"
@@ -78,8 +79,9 @@ void expect_backends_agree(const Checkpoint& checkpoint, const std::vector<int32
   }
 }
 
-TEST(GpuModel, SmolLM2LogitsMatchTheCpuBackendAndTransformers) {
-  if (!cuda::device_available()) GTEST_SKIP() << "no CUDA device";
+class GpuModel : public cuda::GpuTest {};
+
+TEST_F(GpuModel, SmolLM2LogitsMatchTheCpuBackendAndTransformers) {
   const Checkpoint checkpoint = Checkpoint::open(default_model_path());
   const std::vector<Golden> golden = load_golden();
   ASSERT_FALSE(golden.empty());
@@ -97,8 +99,7 @@ TEST(GpuModel, SmolLM2LogitsMatchTheCpuBackendAndTransformers) {
 }
 
 // A 2-layer checkpoint of a real shape from `pagoda make-model`, random weights.
-TEST(GpuModel, RandomLlama3AndQwen25ShapesMatchTheCpuBackend) {
-  if (!cuda::device_available()) GTEST_SKIP() << "no CUDA device";
+TEST_F(GpuModel, RandomLlama3AndQwen25ShapesMatchTheCpuBackend) {
   for (const std::string arch : {"llama3-8b", "qwen2.5-7b"}) {
     const fs::path dir = fs::temp_directory_path() / ("pagoda-gpu-test-" + arch);
     const std::string command = std::string(PAGODA_BINARY) + " make-model --arch " + arch +
@@ -121,8 +122,7 @@ TEST(GpuModel, RandomLlama3AndQwen25ShapesMatchTheCpuBackend) {
 // Then a fourth sequence, prefilled at the start with a long suffix of its own, joins one step:
 // its block table outgrows the workspace's arrays, which move, so the graphs that point into
 // them are dropped, and the steps after it are captured anew and still match.
-TEST(GpuModel, PrefixAttentionMatchesPagedAttentionAndTheCpu) {
-  if (!cuda::device_available()) GTEST_SKIP() << "no CUDA device";
+TEST_F(GpuModel, PrefixAttentionMatchesPagedAttentionAndTheCpu) {
   const fs::path dir = fs::temp_directory_path() / "pagoda-gpu-test-prefix";
   const std::string command = std::string(PAGODA_BINARY) + " make-model --arch llama3-8b --layers 2 --dtype fp16 --out " +
                               dir.string() + " > /dev/null";
@@ -212,8 +212,7 @@ TEST(GpuModel, PrefixAttentionMatchesPagedAttentionAndTheCpu) {
 }
 
 // A KV cache larger than the GPU: a clear error naming what was needed and what was free.
-TEST(GpuModel, OutOfMemorySaysWhatWasNeededAndFree) {
-  if (!cuda::device_available()) GTEST_SKIP() << "no CUDA device";
+TEST_F(GpuModel, OutOfMemorySaysWhatWasNeededAndFree) {
   CudaBackend backend(DType::kF16);
   const kv::KvCacheConfig config{.num_layers = 64, .num_blocks = 1 << 20, .block_size = 16, .num_kv_heads = 8,
                                  .head_dim = 128, .dtype = DType::kF16};
@@ -238,7 +237,7 @@ TEST(GpuModel, OutOfMemorySaysWhatWasNeededAndFree) {
 // so a step whose two best tokens are nearly tied may flip, and the continuation after it differs:
 // a run may leave the reference only at a near tie of the reference, and the tokens before the
 // first departure (which are compared) must be most of them.
-class GpuEngine : public ::testing::Test {
+class GpuEngine : public cuda::GpuTest {
  protected:
   static constexpr int32_t kTokens = 64;
   // top-1 minus top-2 logprob. The GPU's logits move by up to ~6e-3 of their range (~0.15 for
@@ -247,7 +246,8 @@ class GpuEngine : public ::testing::Test {
   static constexpr float kNearTie = 0.05f;
 
   void SetUp() override {
-    if (!cuda::device_available()) GTEST_SKIP() << "no CUDA device";
+    cuda::GpuTest::SetUp();
+    if (IsSkipped()) return;
     checkpoint_ = std::make_unique<Checkpoint>(Checkpoint::open(default_model_path()));
     tokenizer_ = std::make_unique<Tokenizer>(Tokenizer::from_gguf(*checkpoint_->gguf()));
     backend_ = std::make_unique<CudaBackend>(DType::kF16);

@@ -12,6 +12,7 @@
 // (2^-11 f16, 2^-8 bf16) relative to values below 1 in magnitude, so |out - ref| <= 2u plus fp32
 // noise: 2e-3 for f16 (2u = 9.8e-4) and 1e-2 for bf16 (2u = 7.8e-3), as the decode test.
 // out is poisoned with NaN first; the rows between chunks (no chunk owns them) must stay so.
+#include "gpu_test.h"
 #include "pagoda/backend/cuda/prefill_attention.h"
 
 #include <gtest/gtest.h>
@@ -247,14 +248,13 @@ void expect_matches(const Inputs& in, const GpuOut& got, const std::vector<float
 
 using GridParam = std::tuple<DType, int32_t /*head_dim*/, int32_t /*block_size*/, int32_t /*group*/, KvLayout>;
 
-class GpuPrefillGrid : public ::testing::TestWithParam<GridParam> {};
+class GpuPrefillGrid : public GpuTestWithParam<GridParam> {};
 
 // From the start; after a block-unaligned prefix; a single token and a few after a long prefix;
 // a long chunk after a short unaligned prefix (partial query tiles in every case but 64 / group).
 const std::vector<ChunkSpec> kGridChunks = {{0, 17}, {0, 1}, {37, 64}, {3000, 1}, {3000, 17}, {5, 513}};
 
 TEST_P(GpuPrefillGrid, MatchesCpuReference) {
-  if (!device_available()) GTEST_SKIP() << "no CUDA device";
   const auto [dtype, head_dim, block_size, group, layout] = GetParam();
   uint64_t seed = 7;
   for (int64_t x : {int64_t(dtype), int64_t(head_dim), int64_t(block_size), int64_t(group), int64_t(layout)}) {
@@ -283,9 +283,10 @@ INSTANTIATE_TEST_SUITE_P(
 
 // ---- Edge cases. ----
 
+class GpuPrefill : public GpuTest {};
+
 // A 513-token chunk after a 3000-token prefix, with Llama-3-8B's group of 4 and 8 kv heads.
-TEST(GpuPrefill, LongChunkAfterLongPrefix) {
-  if (!device_available()) GTEST_SKIP() << "no CUDA device";
+TEST_F(GpuPrefill, LongChunkAfterLongPrefix) {
   for (const DType dtype : {DType::kF16, DType::kBF16}) {
     const Config c{.dtype = dtype, .head_dim = 128, .block_size = 16, .group = 4, .num_kv_heads = 8};
     SCOPED_TRACE(c.name());
@@ -297,8 +298,7 @@ TEST(GpuPrefill, LongChunkAfterLongPrefix) {
 
 // The GPU against the exact double attention directly, so that the CPU reference is not the only
 // judge: every row of a few chunks, both head dims.
-TEST(GpuPrefill, MatchesExactReference) {
-  if (!device_available()) GTEST_SKIP() << "no CUDA device";
+TEST_F(GpuPrefill, MatchesExactReference) {
   for (const int32_t head_dim : {64, 128}) {
     for (const DType dtype : {DType::kF16, DType::kBF16}) {
       const Config c{.dtype = dtype, .head_dim = head_dim, .block_size = 32, .group = 5, .layout = KvLayout::kNhd};
@@ -313,8 +313,7 @@ TEST(GpuPrefill, MatchesExactReference) {
 }
 
 // Chunks with no new tokens produce nothing (and the step may have no work at all).
-TEST(GpuPrefill, EmptyChunksWriteNothing) {
-  if (!device_available()) GTEST_SKIP() << "no CUDA device";
+TEST_F(GpuPrefill, EmptyChunksWriteNothing) {
   const Config c{.dtype = DType::kBF16, .head_dim = 64, .block_size = 16, .group = 2};
   Inputs only_empty = make_inputs(c, {{0, 0}, {40, 0}}, 31);
   const DeviceInputs dev_empty(only_empty);
@@ -329,8 +328,7 @@ TEST(GpuPrefill, EmptyChunksWriteNothing) {
 // and a query before it (which must not see it) the plain mean of the V rows [0, pos] it sees.
 // The expected rows are computed here from the pool, with no reference attention involved. The
 // hot key is put at both ends of 64-key tiles, inside the query tiles' diagonal, and at the end.
-TEST(GpuPrefill, CausalMaskAtEveryBoundary) {
-  if (!device_available()) GTEST_SKIP() << "no CUDA device";
+TEST_F(GpuPrefill, CausalMaskAtEveryBoundary) {
   const Config c{.dtype = DType::kF16, .head_dim = 64, .block_size = 16, .group = 1, .num_kv_heads = 1};
   for (const int32_t hot : {0, 63, 64, 100, 124, 127, 128, 139}) {
     SCOPED_TRACE("hot key " + std::to_string(hot));
@@ -375,8 +373,7 @@ TEST(GpuPrefill, CausalMaskAtEveryBoundary) {
 // Llama-3-8B shapes (32 q / 8 kv heads, head_dim 128, blocks of 16): 64 chunks of 512 new tokens,
 // half of them after a 1024-token cached prefix. Checks three tokens of every chunk against the
 // exact reference, and prints the kernel's median time (not asserted: tests do not time).
-TEST(GpuPrefill, Llama3ShapesManyChunks) {
-  if (!device_available()) GTEST_SKIP() << "no CUDA device";
+TEST_F(GpuPrefill, Llama3ShapesManyChunks) {
   const Config c{.dtype = DType::kBF16, .head_dim = 128, .block_size = 16, .group = 4, .num_kv_heads = 8};
   std::vector<ChunkSpec> specs;
   for (int32_t i = 0; i < 64; ++i) specs.push_back({i % 2 == 0 ? 0 : 1024, 512});
@@ -417,7 +414,7 @@ TEST(GpuPrefill, Llama3ShapesManyChunks) {
   cudaEventDestroy(stop);
 }
 
-TEST(GpuPrefill, RejectsUnsupportedInput) {
+TEST(PrefillSupport, RejectsUnsupportedInput) {
   const AttentionShape good{.num_q_heads = 8, .num_kv_heads = 2, .head_dim = 128, .block_size = 16, .softmax_scale = 0.1f};
   EXPECT_EQ(prefill_unsupported_reason(good, DType::kF16), nullptr);
   EXPECT_EQ(prefill_unsupported_reason(good, DType::kBF16), nullptr);
@@ -454,8 +451,7 @@ TEST(GpuPrefill, RejectsUnsupportedInput) {
 }
 
 // A workspace for another shape, or block ids past the pool, are refused before any launch.
-TEST(GpuPrefill, RejectsMismatchedWorkspace) {
-  if (!device_available()) GTEST_SKIP() << "no CUDA device";
+TEST_F(GpuPrefill, RejectsMismatchedWorkspace) {
   const Config c{.dtype = DType::kF16, .head_dim = 64, .block_size = 16, .group = 2};
   Inputs in = make_inputs(c, {{0, 20}}, 61);
   const DeviceInputs dev(in);

@@ -12,6 +12,7 @@
 //     balanced).
 // Tolerances are decode_attention_test.cpp's (attention_inputs.h): the kernels round P and the
 // output to the KV dtype as the decode kernel does. Outputs are poisoned with NaN bytes first.
+#include "gpu_test.h"
 #include "pagoda/backend/cuda/prefix_attention.h"
 
 #include <gtest/gtest.h>
@@ -38,9 +39,6 @@ namespace {
 
 using namespace ::pagoda::cuda::testing;
 using attention::PrefixPlan;
-
-#define SKIP_WITHOUT_GPU() \
-  if (!device_available()) GTEST_SKIP() << "no CUDA device"
 
 struct DeviceOutputs {
   std::vector<float> out, lse;
@@ -113,10 +111,9 @@ struct TreeCase {
   int32_t q_heads, kv_heads;
 };
 
-class GpuPrefixTree : public ::testing::TestWithParam<TreeCase> {};
+class GpuPrefixTree : public GpuTestWithParam<TreeCase> {};
 
 TEST_P(GpuPrefixTree, MatchesExactAttention) {
-  SKIP_WITHOUT_GPU();
   const TreeCase c = GetParam();
   const DType dtype = DType::kF16;
   const AttentionShape shape{.num_q_heads = c.q_heads, .num_kv_heads = c.kv_heads, .head_dim = 128,
@@ -128,9 +125,9 @@ TEST_P(GpuPrefixTree, MatchesExactAttention) {
   DeviceArray<uint16_t> k(size_t(num_blocks) * page), v(size_t(num_blocks) * page);
   const size_t q_elements = size_t(batch.num_seqs()) * size_t(shape.num_q_heads) * size_t(shape.head_dim);
   DeviceArray<uint16_t> q(q_elements);
-  fill_uniform(k.data(), k.size(), dtype, 1);
-  fill_uniform(v.data(), v.size(), dtype, 2);
-  fill_uniform(q.data(), q.size(), dtype, 3);
+  bench::fill_uniform(k.data(), k.size(), dtype, 1);
+  bench::fill_uniform(v.data(), v.size(), dtype, 2);
+  bench::fill_uniform(q.data(), q.size(), dtype, 3);
   const PagedKv kv = make_paged_kv(k.data(), v.data(), dtype, KvLayout::kHnd, num_blocks, shape.block_size,
                                    shape.num_kv_heads, shape.head_dim, Device::kCuda);
 
@@ -207,7 +204,7 @@ std::string case_name(const ::testing::TestParamInfo<TreeCase>& info) {
 // trees of up to seven levels and a 2048-token root over 1024 queries.
 std::vector<const char*> benchmark_trees(bool listed) {
   std::vector<const char*> trees;
-  for (const attention::BenchmarkTree& tree : attention::kPatBenchmarkTrees) {
+  for (const bench::BenchmarkTree& tree : bench::kPatBenchmarkTrees) {
     if (tree.listed == listed) trees.push_back(tree.text);
   }
   return trees;
@@ -623,8 +620,9 @@ void expect_forest_matches(const Config& c, uint64_t seed, attention::PrefixPlan
   expect_plan_matches(c, make_forest_inputs(c, seed), "seed " + std::to_string(seed), options, workers);
 }
 
-TEST(GpuPrefix, RandomForests) {
-  SKIP_WITHOUT_GPU();
+class GpuPrefix : public GpuTest {};
+
+TEST_F(GpuPrefix, RandomForests) {
   uint64_t seed = 1;
   for (DType dtype : {DType::kF16, DType::kBF16}) {
     for (int32_t head_dim : {64, 128}) {
@@ -640,8 +638,7 @@ TEST(GpuPrefix, RandomForests) {
   }
 }
 
-TEST(GpuPrefix, EveryTileAndSplitChoice) {
-  SKIP_WITHOUT_GPU();
+TEST_F(GpuPrefix, EveryTileAndSplitChoice) {
   // Only 16-row tiles (every unit's queries chunked to fit 16 rows), no packing, no split, and a
   // split forced fine by a large worker count: the same outputs as the CPU executor each time.
   const Config c{.dtype = DType::kF16, .head_dim = 128, .block_size = 16, .group = 4, .num_kv_heads = 2};
@@ -657,8 +654,7 @@ TEST(GpuPrefix, EveryTileAndSplitChoice) {
 // kv_shared) and 32 leaves of 40 tokens, a tail tile each. 1,2,64_16,32,40 at group 4 on 4
 // workers: a 128-row unit per node over one shared tile (the root, which both read, and the
 // node), so that its second tile, the one that carries Q rows 64-127, is a tail tile.
-TEST(GpuPrefix, TailTilesAmongSharedTiles) {
-  SKIP_WITHOUT_GPU();
+TEST_F(GpuPrefix, TailTilesAmongSharedTiles) {
   struct Case {
     const char* tree;
     int32_t group, workers, shared_tiles;
@@ -715,8 +711,7 @@ void set_stepped_scores(Inputs& in, float step) {
   }
 }
 
-TEST(GpuPrefix, SteppedScoresMoveTheSoftmaxReference) {
-  SKIP_WITHOUT_GPU();
+TEST_F(GpuPrefix, SteppedScoresMoveTheSoftmaxReference) {
   uint64_t seed = 201;
   const Config configs[] = {
       {.dtype = DType::kF16, .head_dim = 128, .block_size = 16, .group = 4, .num_kv_heads = 2},
@@ -731,8 +726,7 @@ TEST(GpuPrefix, SteppedScoresMoveTheSoftmaxReference) {
   }
 }
 
-TEST(GpuPrefix, NullLseAndRejectedInput) {
-  SKIP_WITHOUT_GPU();
+TEST_F(GpuPrefix, NullLseAndRejectedInput) {
   const Config c{.dtype = DType::kBF16, .head_dim = 64, .block_size = 16, .group = 2, .num_kv_heads = 2};
   Inputs in = make_forest_inputs(c, 7);
   const DeviceInputs dev(in);

@@ -12,6 +12,7 @@
 // 5 standard deviations (sqrt(p (1 - p) / N)) of the host's filtered softmax, and filtered-out
 // tokens must never appear. A sampler that ignored a filter or the temperature is off by far more.
 // GPU tests skip without a GPU (CI); they run on the device machine via `make gpu-test`.
+#include "gpu_test.h"
 #include "pagoda/backend/cuda/sampling.h"
 
 #include <gtest/gtest.h>
@@ -151,7 +152,7 @@ int check_draws(const std::vector<std::vector<float>>& logits, const std::vector
   return near_boundary;
 }
 
-TEST(GpuSampling, RandomBitsArePhilox4x32_10) {
+TEST(SamplingBits, RandomBitsArePhilox4x32_10) {
   // Random123's known answer for counter 0, key 0: words 0x6627e8d5 0xe169c58d ...
   EXPECT_EQ(sampling_random_bits(0, 0), 0x6627e8d5e169c58dULL);
   EXPECT_NE(sampling_random_bits(0, 1), sampling_random_bits(0, 0));
@@ -159,13 +160,14 @@ TEST(GpuSampling, RandomBitsArePhilox4x32_10) {
   EXPECT_NE(sampling_random_bits(0, uint64_t(1) << 32), sampling_random_bits(0, 0));
 }
 
-TEST(GpuSampling, RejectsBadShapes) {
+TEST(SamplingShapes, RejectsBadShapes) {
   EXPECT_THROW(sample_tokens(nullptr, 10, 11, nullptr, 1, nullptr, nullptr), Error);  // ld < vocab
   EXPECT_THROW(sample_tokens(nullptr, 1 << 24, 1 << 24, nullptr, 1, nullptr, nullptr), Error);
 }
 
-TEST(GpuSampling, GreedyIsTheHostArgmax) {
-  if (!device_available()) GTEST_SKIP() << "no CUDA device";
+class GpuSampling : public GpuTest {};
+
+TEST_F(GpuSampling, GreedyIsTheHostArgmax) {
   const int32_t vocab = 1000;
   const int64_t ld = 1037;  // odd: rows start unaligned
   std::mt19937 rng(11);
@@ -204,8 +206,7 @@ TEST(GpuSampling, GreedyIsTheHostArgmax) {
   for (size_t r = 0; r < rows.size(); r += 3) EXPECT_EQ(tokens[r], host_argmax(logits[r])) << r;
 }
 
-TEST(GpuSampling, DrawsAreSurvivorsAtTheInverseCdf) {
-  if (!device_available()) GTEST_SKIP() << "no CUDA device";
+TEST_F(GpuSampling, DrawsAreSurvivorsAtTheInverseCdf) {
   const int32_t vocab = 3000;
   std::mt19937 rng(12);
   std::vector<std::vector<float>> logits;
@@ -227,8 +228,7 @@ TEST(GpuSampling, DrawsAreSurvivorsAtTheInverseCdf) {
   EXPECT_LE(check_draws(logits, rows, tokens), 3) << "of " << rows.size() << " rows";
 }
 
-TEST(GpuSampling, TopKOneIsGreedy) {
-  if (!device_available()) GTEST_SKIP() << "no CUDA device";
+TEST_F(GpuSampling, TopKOneIsGreedy) {
   const int32_t vocab = 777;
   std::mt19937 rng(13);
   std::vector<std::vector<float>> logits;
@@ -244,8 +244,7 @@ TEST(GpuSampling, TopKOneIsGreedy) {
   for (size_t r = 0; r < rows.size(); ++r) EXPECT_EQ(tokens[r], host_argmax(logits[r])) << "row " << r;
 }
 
-TEST(GpuSampling, DrawDependsOnlyOnSeedAndOffset) {
-  if (!device_available()) GTEST_SKIP() << "no CUDA device";
+TEST_F(GpuSampling, DrawDependsOnlyOnSeedAndOffset) {
   const int32_t vocab = 500;
   std::mt19937 rng(14);
   // 16 requests alone, then the same 16 scattered among 24 others.
@@ -298,8 +297,7 @@ TEST(GpuSampling, DrawDependsOnlyOnSeedAndOffset) {
   EXPECT_LT(same, 15);
 }
 
-TEST(GpuSampling, FrequenciesMatchTheFilteredSoftmax) {
-  if (!device_available()) GTEST_SKIP() << "no CUDA device";
+TEST_F(GpuSampling, FrequenciesMatchTheFilteredSoftmax) {
   const int32_t vocab = 50;
   const int draws = 20000;
   std::mt19937 rng(15);
@@ -332,8 +330,7 @@ TEST(GpuSampling, FrequenciesMatchTheFilteredSoftmax) {
   }
 }
 
-TEST(GpuSampling, LargeVocabulary) {
-  if (!device_available()) GTEST_SKIP() << "no CUDA device";
+TEST_F(GpuSampling, LargeVocabulary) {
   const int32_t vocab = 152064;
   const int64_t ld = vocab + 128;  // a padded vocabulary
   std::mt19937 rng(16);

@@ -8,6 +8,10 @@
 #include "pagoda/backend/cuda/kernels/ptx.cuh"
 
 namespace pagoda::bench {
+
+using cuda::check_cuda;
+using cuda::DeviceArray;
+namespace ptx = cuda::ptx;
 namespace {
 
 constexpr int kStreamThreads = 512;

@@ -1,6 +1,6 @@
 // What GPU benchmarks share: the device's streaming-read bandwidth (the bound decode kernels are
 // compared against), an L2 flush between timed runs, fast random fill of large device buffers,
-// and CUDA-event timing. Defined in bench_support.cu (no fmt there: nvcc cannot compile it).
+// and CUDA-event timing. Defined in cuda_support.cu (no fmt there: nvcc cannot compile it).
 #pragma once
 
 #include <cuda_runtime.h>
@@ -49,8 +49,8 @@ class L2Flusher {
   size_t bytes() const { return buffer_.bytes(); }
 
  private:
-  DeviceArray<uint4> buffer_;
-  DeviceArray<uint4> sink_;
+  cuda::DeviceArray<uint4> buffer_;
+  cuda::DeviceArray<uint4> sink_;
   unsigned grid_ = 0;
 };
 

@@ -1,6 +1,6 @@
 // What CPU benchmarks share: the host's streaming-read bandwidth (the bound of a decode step on
 // the CPU backend) and the CPU's name for result files. The GPU's counterparts are in
-// backend/cuda/bench_support.h.
+// cuda_support.h.
 #pragma once
 
 #include <chrono>

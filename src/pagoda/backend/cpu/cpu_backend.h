@@ -1,5 +1,6 @@
 // The CPU backend: f32 activations, f32/f16/bf16 weights, OpenBLAS for prefill GEMMs, OpenMP for
-// the rest, and the attention/ CPU executor over a paged KV cache in host memory.
+// the rest, and the CPU attention executors (decode_attention.h, prefill_attention.h) over a paged
+// KV cache in host memory (kv_cache.h).
 #pragma once
 
 #include <memory>
