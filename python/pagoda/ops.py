@@ -40,14 +40,9 @@ def _device_name(device) -> str:
     return kind if index is None else f"{kind}:{index}"
 
 
-def _stream(stream, tensor) -> int:
-    if stream is not None:
-        return int(stream)
-    if type(tensor).__module__.startswith("torch") and tensor.is_cuda:
-        import torch
-
-        return torch.cuda.current_stream(tensor.device).cuda_stream
-    return 0
+def _stream(stream) -> int:
+    """-1: the framework's current stream for the tensors given (torch's), resolved in C++."""
+    return -1 if stream is None else int(stream)
 
 
 def _empty(like, shape, dtype: str):
@@ -145,7 +140,7 @@ class PagedKVCache:
     def append(self, k, v, block_table: Sequence[int], start: int = 0, stream: Optional[int] = None) -> None:
         """Writes k and v ([n, num_kv_heads, head_dim], the pool's dtype and device) as tokens
         [start, start + n) of the sequence whose blocks are block_table."""
-        self._pool.append(k, v, _table(block_table), start, _stream(stream, k))
+        self._pool.append(k, v, _table(block_table), start, _stream(stream))
 
 
 class _Attention:
@@ -169,7 +164,7 @@ class _Attention:
             out = _empty(q, self._op.out_shape, self._op.out_dtype)
         if lse is None:
             lse = _empty(q, self._op.out_shape[:2], "f32")
-        self._op.run(q, kv_cache._pool, out, lse, _stream(stream, q))
+        self._op.run(q, kv_cache._pool, out, lse, _stream(stream))
         return out, lse
 
 
@@ -198,5 +193,5 @@ def merge_states(v, s, v_out=None, s_out=None, stream: Optional[int] = None):
         v_out = _empty(v, (shape[0], shape[2], shape[3]), _dtype_name(v.dtype))
     if s_out is None:
         s_out = _empty(v, tuple(v_out.shape[:2]), "f32")
-    _ops.merge_states(v, s, v_out, s_out, _stream(stream, v))
+    _ops.merge_states(v, s, v_out, s_out, _stream(stream))
     return v_out, s_out

@@ -119,23 +119,21 @@ class KvPool {
 
   // A caller's pools: [num_blocks, num_kv_heads, block_size, head_dim] (HND) or
   // [num_blocks, block_size, num_kv_heads, head_dim] (NHD), contiguous, f32/f16/bf16.
-  KvPool(Array k, Array v, const std::string& layout)
-      : place_{device_of(k, "k_cache"), k.device_id()},
-        layout_(parse_layout(layout)),
-        blocks_(checked_blocks(k.ndim() == 4 ? int64_t(k.shape(0)) : 1), k.ndim() == 4 ? int32_t(k.shape(1)) : 1) {
+  KvPool(nb::handle k_obj, nb::handle v_obj, const std::string& layout)
+      : layout_(parse_layout(layout)), blocks_(1, 1), k_obj_(nb::borrow(k_obj)), v_obj_(nb::borrow(v_obj)) {
+    const TensorArg k(k_obj, "k_cache"), v(v_obj, "v_cache");
+    place_ = {device_of(k), k.device_id()};
     require_cuda_build(place_);
     if (k.ndim() != 4)
       fail(ErrorKind::kInvalidArgument, "k_cache must have 4 dimensions {}, not shape {}", dims(), shape_string(k));
-    const DType t = dtype_of(k, "k_cache");
-    const auto n = int64_t(k.shape(0)), a = int64_t(k.shape(1)), b = int64_t(k.shape(2)), d = int64_t(k.shape(3));
-    check_tensor(k, {"k_cache", dims(), {n, a, b, d}, t, place_.device, place_.id});
-    check_tensor(v, {"v_cache", dims(), {n, a, b, d}, t, place_.device, place_.id});
+    const DType t = dtype_of(k);
+    const int64_t n = k.shape(0), a = k.shape(1), b = k.shape(2), d = k.shape(3);
+    check_tensor(k, {dims(), {n, a, b, d}, t, place_.device, place_.id});
+    check_tensor(v, {dims(), {n, a, b, d}, t, place_.device, place_.id});
     const int64_t heads = layout_ == KvLayout::kHnd ? a : b, block_size = layout_ == KvLayout::kHnd ? b : a;
-    blocks_ = kv::BlockPool(int32_t(n), int32_t(block_size));
+    blocks_ = kv::BlockPool(checked_blocks(n), int32_t(block_size));
     kv_ = make_paged_kv(k.data(), v.data(), t, layout_, int32_t(n), int32_t(block_size), int32_t(heads), int32_t(d),
                         place_.device);
-    k_ = std::move(k);
-    v_ = std::move(v);
   }
 
   // Block ids for a sequence of num_tokens tokens (its block table), from the free blocks.
@@ -159,14 +157,18 @@ class KvPool {
 
   // Writes K and V of tokens [start, start + n) of the sequence whose blocks are block_table.
   //   k, v: [n, num_kv_heads, head_dim] of the pool's dtype and device
-  void append(const Array& k, const Array& v, const std::vector<int32_t>& block_table, int32_t start, uintptr_t stream) {
-    if (k.ndim() != 3) fail(ErrorKind::kInvalidArgument, "k must have 3 dimensions [n, num_kv_heads, head_dim], not shape {}", shape_string(k));
-    const auto n = int64_t(k.shape(0));
-    const TensorRule rule{"k", "[n, num_kv_heads, head_dim]", {n, kv_.num_kv_heads, kv_.head_dim}, kv_.dtype,
-                          place_.device, place_.id};
-    check_tensor(k, rule);
-    check_tensor(v, TensorRule{.name = "v", .dims = rule.dims, .shape = {n, kv_.num_kv_heads, kv_.head_dim},
-                               .dtype = kv_.dtype, .device = place_.device, .device_id = place_.id});
+  void append(nb::handle k_obj, nb::handle v_obj, const std::vector<int32_t>& block_table, int32_t start,
+              int64_t stream_arg) {
+    const TensorArg k(k_obj, "k"), v(v_obj, "v");
+    if (k.ndim() != 3)
+      fail(ErrorKind::kInvalidArgument, "k must have 3 dimensions [n, num_kv_heads, head_dim], not shape {}",
+           shape_string(k));
+    const int64_t n = k.shape(0);
+    check_tensor(k, {"[n, num_kv_heads, head_dim]", {n, kv_.num_kv_heads, kv_.head_dim}, kv_.dtype, place_.device,
+                     place_.id});
+    check_tensor(v, {"[n, num_kv_heads, head_dim]", {n, kv_.num_kv_heads, kv_.head_dim}, kv_.dtype, place_.device,
+                     place_.id});
+    const uintptr_t stream = k.stream(stream_arg);
     if (start < 0) fail(ErrorKind::kInvalidArgument, "start must be >= 0, not {}", start);
     if ((int64_t(start) + n + kv_.block_size - 1) / kv_.block_size > int64_t(block_table.size()))
       fail(ErrorKind::kInvalidArgument, "tokens [{}, {}) need {} blocks; block_table has {}", start, start + n,
@@ -257,6 +259,7 @@ class KvPool {
   kv::BlockPool blocks_;
   nb::object owner_;  // the memory of pools made here
   Array k_, v_;
+  nb::object k_obj_, v_obj_;  // the tensors of wrapped pools, kept alive
   PagedKv kv_;
 #ifdef PAGODA_HAVE_CUDA
   std::optional<cuda::KvTensorMaps> maps_;
@@ -300,7 +303,7 @@ struct Planned {
   }
 
   // The checks every run() makes: the pool, q, out and lse against the plan.
-  void check_run(const KvPool& pool, const Place& place, const Array& q, const Array& out, const Array& lse,
+  void check_run(const KvPool& pool, const Place& place, const TensorArg& q, const TensorArg& out, const TensorArg& lse,
                  const char* op) const {
     if (!valid) fail(ErrorKind::kInvalidArgument, "{}.run() before plan()", op);
     const PagedKv& kv = pool.view();
@@ -318,11 +321,11 @@ struct Planned {
     // The CPU executor computes in f32; the GPU kernels take q and write out in the KV dtype.
     const DType io = place.device == Device::kCpu ? DType::kF32 : kv_dtype;
     const int64_t n = batch.num_seqs();
-    check_tensor(q, {"q", "[num_seqs, num_q_heads, head_dim]", {n, shape.num_q_heads, shape.head_dim}, io,
+    check_tensor(q, {"[num_seqs, num_q_heads, head_dim]", {n, shape.num_q_heads, shape.head_dim}, io,
                      place.device, place.id});
-    check_tensor(out, {"out", "[num_seqs, num_q_heads, head_dim]", {n, shape.num_q_heads, shape.head_dim}, io,
+    check_tensor(out, {"[num_seqs, num_q_heads, head_dim]", {n, shape.num_q_heads, shape.head_dim}, io,
                        place.device, place.id});
-    check_tensor(lse, {"lse", "[num_seqs, num_q_heads]", {n, shape.num_q_heads}, DType::kF32, place.device, place.id});
+    check_tensor(lse, {"[num_seqs, num_q_heads]", {n, shape.num_q_heads}, DType::kF32, place.device, place.id});
   }
 };
 
@@ -350,8 +353,10 @@ class DecodeAttention {
     planned_.valid = true;
   }
 
-  void run(const Array& q, KvPool& kv_cache, const Array& out, const Array& lse, uintptr_t stream) {
+  void run(nb::handle q_obj, KvPool& kv_cache, nb::handle out_obj, nb::handle lse_obj, int64_t stream_arg) {
+    const TensorArg q(q_obj, "q"), out(out_obj, "out"), lse(lse_obj, "lse");
     planned_.check_run(kv_cache, place_, q, out, lse, "DecodeAttention");
+    const uintptr_t stream = q.stream(stream_arg);
     if (place_.device == Device::kCpu) {
       nb::gil_scoped_release release;
       attention::run_decode_cpu(plan_, planned_.batch, planned_.shape, kv_cache.view(), static_cast<const float*>(q.data()),
@@ -367,9 +372,11 @@ class DecodeAttention {
 
   // Seconds per call of the executor (CPU) or the kernels (CUDA, CUDA events on `stream`) alone,
   // `iterations` back to back after one untimed call: what run() costs without the binding.
-  double time_kernel(const Array& q, KvPool& kv_cache, const Array& out, const Array& lse, int32_t iterations,
-                     uintptr_t stream) {
+  double time_kernel(nb::handle q_obj, KvPool& kv_cache, nb::handle out_obj, nb::handle lse_obj, int32_t iterations,
+                     int64_t stream_arg) {
+    const TensorArg q(q_obj, "q"), out(out_obj, "out"), lse(lse_obj, "lse");
     planned_.check_run(kv_cache, place_, q, out, lse, "DecodeAttention");
+    const uintptr_t stream = q.stream(stream_arg);
     if (iterations < 1) fail(ErrorKind::kInvalidArgument, "iterations must be >= 1");
     nb::gil_scoped_release release;
     if (place_.device == Device::kCpu) {
@@ -449,8 +456,10 @@ class PrefixAttention {
     planned_.valid = true;
   }
 
-  void run(const Array& q, KvPool& kv_cache, const Array& out, const Array& lse, uintptr_t stream) {
+  void run(nb::handle q_obj, KvPool& kv_cache, nb::handle out_obj, nb::handle lse_obj, int64_t stream_arg) {
+    const TensorArg q(q_obj, "q"), out(out_obj, "out"), lse(lse_obj, "lse");
     planned_.check_run(kv_cache, place_, q, out, lse, "PrefixAttention");
+    const uintptr_t stream = q.stream(stream_arg);
     if (place_.device == Device::kCpu) {
       nb::gil_scoped_release release;
       attention::run_prefix_cpu(plan_, planned_.batch, planned_.shape, kv_cache.view(), static_cast<const float*>(q.data()),
@@ -466,9 +475,11 @@ class PrefixAttention {
 
   // Seconds per call of the executor (CPU) or the kernels (CUDA, CUDA events on `stream`) alone,
   // `iterations` back to back after one untimed call: what run() costs without the binding.
-  double time_kernel(const Array& q, KvPool& kv_cache, const Array& out, const Array& lse, int32_t iterations,
-                     uintptr_t stream) {
+  double time_kernel(nb::handle q_obj, KvPool& kv_cache, nb::handle out_obj, nb::handle lse_obj, int32_t iterations,
+                     int64_t stream_arg) {
+    const TensorArg q(q_obj, "q"), out(out_obj, "out"), lse(lse_obj, "lse");
     planned_.check_run(kv_cache, place_, q, out, lse, "PrefixAttention");
+    const uintptr_t stream = q.stream(stream_arg);
     if (iterations < 1) fail(ErrorKind::kInvalidArgument, "iterations must be >= 1");
     nb::gil_scoped_release release;
     if (place_.device == Device::kCpu) {
@@ -536,23 +547,24 @@ struct MergeTasks {
 // v: [seq, num_states, num_heads, head_dim], s: [seq, num_states, num_heads] (FlashInfer's
 // layout); v_out [seq, num_heads, head_dim], s_out [seq, num_heads]. On the CPU all are f32; on the
 // GPU v and v_out are f16 or bf16 and s, s_out f32.
-void merge_states(const Array& v, const Array& s, const Array& v_out, const Array& s_out, uintptr_t stream) {
+void merge_states(nb::handle v_obj, nb::handle s_obj, nb::handle v_out_obj, nb::handle s_out_obj, int64_t stream_arg) {
+  const TensorArg v(v_obj, "v"), s(s_obj, "s"), v_out(v_out_obj, "v_out"), s_out(s_out_obj, "s_out");
   if (v.ndim() != 4)
     fail(ErrorKind::kInvalidArgument, "v must have 4 dimensions [seq, num_states, num_heads, head_dim], not shape {}",
          shape_string(v));
-  const Place place{device_of(v, "v"), v.device_id()};
+  const Place place{device_of(v), v.device_id()};
   require_cuda_build(place);
-  const DType dtype = dtype_of(v, "v");
-  const auto n = int64_t(v.shape(0)), states = int64_t(v.shape(1)), heads = int64_t(v.shape(2)),
-             dim = int64_t(v.shape(3));
+  const DType dtype = dtype_of(v);
+  const int64_t n = v.shape(0), states = v.shape(1), heads = v.shape(2), dim = v.shape(3);
+  const uintptr_t stream = v.stream(stream_arg);
   if (place.device == Device::kCpu && dtype != DType::kF32)
     fail(ErrorKind::kInvalidArgument, "v is {}; merge_states on the CPU takes f32", dtype_name(dtype));
   if (place.device == Device::kCuda && dtype != DType::kF16 && dtype != DType::kBF16)
     fail(ErrorKind::kInvalidArgument, "v is {}; merge_states on CUDA takes f16 or bf16", dtype_name(dtype));
-  check_tensor(v, {"v", "[seq, num_states, num_heads, head_dim]", {n, states, heads, dim}, dtype, place.device, place.id});
-  check_tensor(s, {"s", "[seq, num_states, num_heads]", {n, states, heads}, DType::kF32, place.device, place.id});
-  check_tensor(v_out, {"v_out", "[seq, num_heads, head_dim]", {n, heads, dim}, dtype, place.device, place.id});
-  check_tensor(s_out, {"s_out", "[seq, num_heads]", {n, heads}, DType::kF32, place.device, place.id});
+  check_tensor(v, {"[seq, num_states, num_heads, head_dim]", {n, states, heads, dim}, dtype, place.device, place.id});
+  check_tensor(s, {"[seq, num_states, num_heads]", {n, states, heads}, DType::kF32, place.device, place.id});
+  check_tensor(v_out, {"[seq, num_heads, head_dim]", {n, heads, dim}, dtype, place.device, place.id});
+  check_tensor(s_out, {"[seq, num_heads]", {n, heads}, DType::kF32, place.device, place.id});
   if (place.device == Device::kCpu) {
     const float* vi = static_cast<const float*>(v.data());
     const float* si = static_cast<const float*>(s.data());
@@ -601,11 +613,11 @@ void bind_ops(nb::module_& m) {
       .def(nb::init<int32_t, int32_t, int32_t, int32_t, const std::string&, const std::string&, const std::string&>(),
            nb::arg("num_blocks"), nb::arg("block_size"), nb::arg("num_kv_heads"), nb::arg("head_dim"), nb::arg("dtype"),
            nb::arg("device"), nb::arg("layout"))
-      .def(nb::init<Array, Array, const std::string&>(), nb::arg("k_cache").noconvert(), nb::arg("v_cache").noconvert(),
+      .def(nb::init<nb::handle, nb::handle, const std::string&>(), nb::arg("k_cache"), nb::arg("v_cache"),
            nb::arg("layout"))
       .def("allocate", &KvPool::allocate, nb::arg("num_tokens"))
       .def("free", &KvPool::free, nb::arg("block_ids"))
-      .def("append", &KvPool::append, nb::arg("k").noconvert(), nb::arg("v").noconvert(), nb::arg("block_table"),
+      .def("append", &KvPool::append, nb::arg("k"), nb::arg("v"), nb::arg("block_table"),
            nb::arg("start"), nb::arg("stream"))
       .def_prop_ro("k", &KvPool::k, nb::rv_policy::automatic)
       .def_prop_ro("v", &KvPool::v, nb::rv_policy::automatic)
@@ -628,10 +640,8 @@ void bind_ops(nb::module_& m) {
         .def("plan", &T::plan, nb::arg("block_tables"), nb::arg("lengths"), nb::arg("num_q_heads"),
              nb::arg("num_kv_heads"), nb::arg("head_dim"), nb::arg("block_size"), nb::arg("softmax_scale"),
              nb::arg("kv_dtype"), nb::arg("stream"))
-        .def("run", &T::run, nb::arg("q").noconvert(), nb::arg("kv_cache"), nb::arg("out").noconvert(),
-             nb::arg("lse").noconvert(), nb::arg("stream"))
-        .def("time_kernel", &T::time_kernel, nb::arg("q").noconvert(), nb::arg("kv_cache"), nb::arg("out").noconvert(),
-             nb::arg("lse").noconvert(), nb::arg("iterations"), nb::arg("stream"))
+        .def("run", &T::run, nb::arg("q"), nb::arg("kv_cache"), nb::arg("out"), nb::arg("lse"), nb::arg("stream"))
+        .def("time_kernel", &T::time_kernel, nb::arg("q"), nb::arg("kv_cache"), nb::arg("out"), nb::arg("lse"), nb::arg("iterations"), nb::arg("stream"))
         .def_prop_ro("out_shape", &T::out_shape)
         .def_prop_ro("out_dtype", &T::out_dtype)
         .def_prop_ro("num_merges", &T::num_merges);
@@ -644,8 +654,7 @@ void bind_ops(nb::module_& m) {
   prefix.def_prop_ro("num_units", &PrefixAttention::num_units);
   prefix.def_prop_ro("kv_tokens", &PrefixAttention::kv_tokens);  // KV tokens the plan reads per kv head
 
-  ops.def("merge_states", &merge_states, nb::arg("v").noconvert(), nb::arg("s").noconvert(),
-          nb::arg("v_out").noconvert(), nb::arg("s_out").noconvert(), nb::arg("stream"));
+  ops.def("merge_states", &merge_states, nb::arg("v"), nb::arg("s"), nb::arg("v_out"), nb::arg("s_out"), nb::arg("stream"));
 }
 
 }  // namespace pagoda::python
