@@ -246,6 +246,7 @@ class KvPool {
       return;
     }
 #ifdef PAGODA_HAVE_CUDA
+    use_device(place_);
     cuda::check_cuda(cudaMemcpy2DAsync(dst, dst_pitch, src, src_pitch, width, rows, cudaMemcpyDeviceToDevice,
                                        as_stream(stream)),
                      "cudaMemcpy2DAsync (append)");
@@ -364,6 +365,7 @@ class DecodeAttention {
       return;
     }
 #ifdef PAGODA_HAVE_CUDA
+    use_device(place_);
     cuda::decode_attention(workspace_, planned_.shape, kv_cache.view(), q.data(), out.data(),
                            static_cast<float*>(lse.data()), {}, as_stream(stream));
 #endif
@@ -467,6 +469,7 @@ class PrefixAttention {
       return;
     }
 #ifdef PAGODA_HAVE_CUDA
+    use_device(place_);
     cuda::prefix_attention(workspace_, planned_.shape, kv_cache.view(), kv_cache.tensor_maps(), q.data(), out.data(),
                            static_cast<float*>(lse.data()), as_stream(stream));
 #endif

@@ -102,3 +102,18 @@ def test_kv_cache_dtype_is_the_backends(llm):
     assert llm.backend == "cpu" and llm.kv_cache_dtype == "f32"
     with pytest.raises(ValueError, match="kv_cache_dtype f16: the cpu backend keeps its KV cache in f32"):
         pagoda.LLM(backend="cpu", kv_cache_dtype="f16", kv_memory_mb=16)
+
+
+def test_an_interrupted_run_leaves_the_engine_usable(llm, monkeypatch):
+    # Ctrl-C arrives as an exception in the progress callback (or from PyErr_CheckSignals): the
+    # run is cancelled, the exception raised, and the next run starts from a drained engine.
+    def interrupt(self, done):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(pagoda.llm._Progress, "update", interrupt)
+    params = [pagoda.SamplingParams(temperature=0, max_tokens=n) for n in (1, 64, 64)]
+    with pytest.raises(KeyboardInterrupt):
+        llm.generate([PROMPT, "Once upon a time", "def fibonacci(n):"], params)
+    monkeypatch.undo()
+    [out] = llm.generate(PROMPT, pagoda.SamplingParams(temperature=0, max_tokens=3), use_tqdm=False)
+    assert len(out.outputs[0].token_ids) == 3
