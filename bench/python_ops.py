@@ -36,7 +36,6 @@ import time
 
 import numpy as np
 
-import pagoda
 from pagoda import ops
 
 # name, op, batch, own tokens per sequence, shared prefix tokens, q heads, kv heads, head_dim

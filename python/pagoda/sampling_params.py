@@ -1,7 +1,7 @@
 """SamplingParams: vLLM's names and defaults, checked by the engine's own validate()."""
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import List, Optional, Union
 
 from pagoda import _core
