@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "pagoda/backend/backend.h"
+#include "pagoda/backend/cpu/quantized_kv_cache.h"
 
 namespace pagoda {
 
@@ -38,6 +39,7 @@ class CpuBackend final : public Backend {
 
  private:
   std::unique_ptr<kv::KvCache> cache_;
+  std::unique_ptr<cpu::QuantizedKvCache> quantized_cache_;  // instead of cache_ for int2 and fp8 KV
   std::vector<float> k_scratch_, v_scratch_;  // [rows, kv_heads, head_dim]
 };
 
