@@ -10,6 +10,7 @@ void register_chat(CLI::App& app);
 void register_bench(CLI::App& app);
 void register_serve(CLI::App& app);
 void register_make_model(CLI::App& app);
+void register_perplexity(CLI::App& app);
 // `bench attention`, registered on the `bench` subcommand by register_bench.
 void register_bench_attention(CLI::App& bench);
 void register_bench_prefix(CLI::App& bench);
