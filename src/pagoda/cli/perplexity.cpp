@@ -45,8 +45,9 @@ double top_k_kl(const TopTokens& base, std::span<const double> logprobs) {
     base_mass += p;
     test_mass += std::exp(test);
   }
-  const double base_rest = std::max(0.0, 1.0 - base_mass), test_rest = std::max(1e-300, 1.0 - test_mass);
-  if (base_rest > 0) kl += base_rest * std::log(base_rest / test_rest);
+  // The saved log-probabilities are floats: a rest below 1e-6 is their rounding, not mass.
+  const double base_rest = 1.0 - base_mass, test_rest = std::max(1e-300, 1.0 - test_mass);
+  if (base_rest > 1e-6) kl += base_rest * std::log(base_rest / test_rest);
   return kl;
 }
 

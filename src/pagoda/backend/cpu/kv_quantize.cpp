@@ -39,7 +39,9 @@ int32_t quantize_int2(const float* x, int64_t stride, int32_t n, uint64_t stream
   for (int32_t i = 0; i < n; ++i) {
     int32_t code = 0;
     if (scale > 0.f) {
-      const float t = (x[i * stride] - min) / scale;
+      // Clamped (and a NaN made 0) before any conversion to an integer.
+      const float ratio = (x[i * stride] - min) / scale;
+      const float t = ratio > 0.f ? std::min(ratio, 3.f) : 0.f;
       const float floor_t = std::floor(t);
       const float u = stochastic_uniform(stream, index0 + uint64_t(i) * index_stride);
       code = std::clamp(int32_t(floor_t) + (u < t - floor_t ? 1 : 0), 0, 3);
@@ -68,8 +70,8 @@ int32_t quantize_uint8(const float* x, int32_t n, uint8_t* codes, Uint8Params& p
   params.scale = (hi - lo) / 255.f;
   int32_t sum = 0;
   for (int32_t i = 0; i < n; ++i) {
-    const int32_t code =
-        params.scale > 0.f ? std::clamp(int32_t(std::nearbyint((x[i] - lo) / params.scale)), 0, 255) : 0;
+    const float ratio = params.scale > 0.f ? (x[i] - lo) / params.scale : 0.f;
+    const auto code = int32_t(std::nearbyint(ratio > 0.f ? std::min(ratio, 255.f) : 0.f));
     codes[i] = uint8_t(code);
     sum += code;
   }
