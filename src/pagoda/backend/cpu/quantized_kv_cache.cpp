@@ -101,12 +101,6 @@ QuantizedKvCache::QuantizedKvCache(const kv::KvCacheConfig& config) : config_(co
   nbytes_ = layer_bytes * size_t(c.num_layers);
 }
 
-size_t QuantizedKvCache::tail_bytes() const {
-  size_t bytes = 0;
-  for (const Layer& layer : layers_) bytes += layer.tail.size() * sizeof(f16);
-  return bytes;
-}
-
 QuantizedPagedKv QuantizedKvCache::layer(int32_t index) const {
   if (index < 0 || index >= config_.num_layers)
     fail(ErrorKind::kInvalidArgument, "layer {} outside [0, {})", index, config_.num_layers);

@@ -28,10 +28,9 @@ class QuantizedKvCache {
   explicit QuantizedKvCache(const kv::KvCacheConfig& config);
 
   const kv::KvCacheConfig& config() const { return config_; }
-  // Bytes of the quantized pools and their metadata over all layers (tail slots excluded).
+  // Bytes of the quantized pools and their metadata over all layers (tail slots, which grow on
+  // demand, excluded).
   size_t nbytes() const { return nbytes_; }
-  // Bytes of tail slots allocated so far over all layers.
-  size_t tail_bytes() const;
 
   // Layer `layer`'s pools; valid until the next write or copy_block.
   QuantizedPagedKv layer(int32_t layer) const;
