@@ -10,5 +10,6 @@ void register_chat(CLI::App& app);
 void register_bench(CLI::App& app);
 void register_serve(CLI::App& app);
 void register_make_model(CLI::App& app);
+void register_perplexity(CLI::App& app);
 
 }  // namespace pagoda::cli

@@ -14,6 +14,14 @@ void add_model_flags(CLI::App& app, ModelFlags& flags) {
   app.add_option("--attention", flags.attention,
                  "decode attention: paged (a work item per sequence), prefix (prefix-aware packing: blocks the "
                  "batch shares are read once), or auto (default: prefix when the step's sequences share blocks)");
+  app.add_option("--kv-cache-dtype", flags.kv_cache_dtype,
+                 "KV cache storage: auto (default: the activation dtype), f16, bf16, fp8 (e4m3) or int2 (2-bit, "
+                 "attention on the codes; see docs/kv-quantization.md)");
+  app.add_option("--kv-partition", flags.kv_partition,
+                 "int2 KV: elements per quantization partition, 32, 64 or 128 (default 64); it must divide head_dim");
+  app.add_option("--kv-rotation", flags.kv_rotation,
+                 "quantized KV: rotate keys and queries by a randomized Hadamard transform before keys are stored: "
+                 "auto (default: hadamard under int2), none or hadamard");
   app.add_flag("--enforce-eager", flags.enforce_eager,
                "on the GPU, launch every op at every step instead of replaying decode steps as CUDA graphs");
   app.add_option("-t,--threads", flags.threads, "CPU threads (default: all cores)");

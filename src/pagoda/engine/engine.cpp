@@ -96,8 +96,7 @@ const EngineOptions& checked(const EngineOptions& o) {
   return o;
 }
 
-int32_t default_num_blocks(const ModelConfig& c, const EngineOptions& o, size_t kv_element_bytes) {
-  const size_t block_bytes = size_t(c.num_layers) * 2 * size_t(c.kv_dim()) * size_t(o.block_size) * kv_element_bytes;
+int32_t default_num_blocks(const ModelConfig& c, const EngineOptions& o, size_t block_bytes) {
   const int64_t for_batch = int64_t(o.max_batch) * ((c.max_context + o.block_size - 1) / o.block_size);
   const int64_t for_memory = int64_t(o.kv_memory_bytes / block_bytes);
   return int32_t(std::max<int64_t>(1, std::min(for_batch, for_memory)));
@@ -111,7 +110,7 @@ Engine::Engine(Model& model, const Tokenizer& tokenizer, const EngineOptions& op
       options_(checked(options)),
       pool_(options.num_kv_blocks > 0
                 ? options.num_kv_blocks
-                : default_num_blocks(model.config(), options, dtype_size(model.backend().activation_dtype())),
+                : default_num_blocks(model.config(), options, model.kv_block_bytes(options.block_size)),
             options.block_size),
       cache_(pool_) {
   model_.allocate_kv_cache(pool_.num_blocks(), options.block_size);

@@ -35,6 +35,48 @@ DType parse_weight_dtype(const std::string& name, const Checkpoint& checkpoint) 
   fail(ErrorKind::kInvalidArgument, "--weight-dtype must be auto, f32, f16 or bf16, not '{}'", name);
 }
 
+// --kv-cache-dtype and --kv-partition into options, refused here, before the weights load, when
+// the model or the backend cannot take them.
+void parse_kv_cache_flags(const ModelFlags& flags, const ModelConfig& config, const Backend& backend,
+                          DType weight_dtype, LoadOptions& options) {
+  const std::string& name = flags.kv_cache_dtype;
+  if (name == "f16") {
+    options.kv_dtype = DType::kF16;
+  } else if (name == "bf16") {
+    options.kv_dtype = DType::kBF16;
+  } else if (name == "fp8") {
+    options.kv_quant = KvQuant::kFp8;
+  } else if (name == "int2") {
+    options.kv_quant = KvQuant::kInt2;
+  } else if (name != "auto") {
+    fail(ErrorKind::kInvalidArgument, "--kv-cache-dtype must be auto, f16, bf16, fp8 or int2, not '{}'", name);
+  }
+  if (flags.kv_partition != 32 && flags.kv_partition != 64 && flags.kv_partition != 128)
+    fail(ErrorKind::kInvalidArgument, "--kv-partition must be 32, 64 or 128, not {}", flags.kv_partition);
+  options.kv_partition = flags.kv_partition;
+  if (flags.kv_rotation == "hadamard" || (flags.kv_rotation == "auto" && options.kv_quant == KvQuant::kInt2)) {
+    options.kv_hadamard = true;
+  } else if (flags.kv_rotation != "none" && flags.kv_rotation != "auto") {
+    fail(ErrorKind::kInvalidArgument, "--kv-rotation must be auto, none or hadamard, not '{}'", flags.kv_rotation);
+  }
+  if (options.kv_hadamard && options.kv_quant == KvQuant::kNone)
+    fail(ErrorKind::kInvalidArgument, "--kv-rotation hadamard applies to a quantized cache (--kv-cache-dtype int2 or fp8)");
+  if (options.kv_hadamard && (config.head_dim & (config.head_dim - 1)) != 0)
+    fail(ErrorKind::kInvalidArgument, "--kv-rotation hadamard needs a power-of-two head_dim, not {}", config.head_dim);
+  if (options.kv_quant == KvQuant::kInt2 && config.head_dim % flags.kv_partition != 0)
+    fail(ErrorKind::kInvalidArgument,
+         "--kv-cache-dtype int2: --kv-partition {} does not divide the model's head_dim {} (K is partitioned along "
+         "head_dim)", flags.kv_partition, config.head_dim);
+  if (backend.device() == Device::kCuda) {
+    if (options.kv_quant != KvQuant::kNone)
+      fail(ErrorKind::kUnsupported, "--kv-cache-dtype {}: the CUDA backend has no {} KV kernels yet; use --backend cpu",
+           name, name);
+    if (options.kv_dtype && *options.kv_dtype != weight_dtype)
+      fail(ErrorKind::kUnsupported, "--kv-cache-dtype {}: the CUDA backend keeps KV in its activation dtype, {}", name,
+           dtype_name(weight_dtype));
+  }
+}
+
 }  // namespace
 
 std::unique_ptr<Backend> make_backend(const std::string& name, DType dtype, bool graphs) {
@@ -76,12 +118,14 @@ Session::Session(const ModelFlags& flags)
   }
   backend = make_backend(flags.backend, weight_dtype, !flags.enforce_eager);
   // auto keeps a GGUF file's quantized weights as they are where the backend multiplies them.
-  model = std::make_unique<Model>(
-      checkpoint, *backend,
-      LoadOptions{.weight_dtype = weight_dtype, .keep_quantized = flags.weight_dtype == "auto", .attention = attention});
+  LoadOptions options{.weight_dtype = weight_dtype, .keep_quantized = flags.weight_dtype == "auto", .attention = attention};
+  parse_kv_cache_flags(flags, checkpoint.config(), *backend, weight_dtype, options);
+  model = std::make_unique<Model>(checkpoint, *backend, options);
   engine_options = EngineOptions{.kv_memory_bytes = size_t(flags.kv_memory_mb) << 20,
                                  .max_batch = flags.max_batch,
                                  .max_step_tokens = flags.step_tokens};
+  // An int2 block holds a whole number of V partitions.
+  if (options.kv_quant == KvQuant::kInt2) engine_options.block_size = flags.kv_partition;
 }
 
 }  // namespace pagoda

@@ -20,6 +20,9 @@ struct ModelFlags {
   std::string backend = "auto";  // cpu, cuda, or auto: cuda when built with it and a GPU is present
   std::string weight_dtype = "auto";  // f16, bf16, f32, or auto: f16, but bf16 for a bf16 checkpoint
   std::string attention = "auto";     // auto, paged or prefix (LoadOptions::Attention)
+  std::string kv_cache_dtype = "auto";  // auto, f16, bf16, fp8 or int2 (LoadOptions::kv_dtype, kv_quant)
+  int kv_partition = 64;                // int2's partition Π: 32, 64 or 128
+  std::string kv_rotation = "auto";     // auto (hadamard under int2), none or hadamard
   bool enforce_eager = false;         // the GPU launches every op at every step: no CUDA graphs
   int threads = 0;   // 0: all cores
   int kv_memory_mb = 1024;

@@ -7,6 +7,7 @@
 
 #include "pagoda/core/dtype.h"
 #include "pagoda/core/paged_kv.h"
+#include "pagoda/core/quantized_paged_kv.h"
 
 namespace pagoda::kv {
 
@@ -18,6 +19,14 @@ struct KvCacheConfig {
   int32_t head_dim = 0;
   DType dtype = DType::kF32;  // f32, f16 or bf16
   KvLayout layout = KvLayout::kHnd;
+  // kFp8 or kInt2: stored quantized (backend/cpu/quantized_kv_cache.h; KvCache refuses them),
+  // int2 in partitions of `partition` elements, with stochastic rounding seeded by `seed`.
+  KvQuant quant = KvQuant::kNone;
+  int32_t partition = 64;
+  uint64_t seed = 0;
+  // Keys (and the queries that meet them) are rotated by a randomized Hadamard transform before
+  // they are stored (backend/cpu/hadamard.h): scores are unchanged, outlier channels spread out.
+  bool hadamard = false;
 };
 
 }  // namespace pagoda::kv

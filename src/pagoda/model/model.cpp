@@ -12,7 +12,11 @@ Model::Model(const Checkpoint& checkpoint, Backend& backend, const LoadOptions& 
     : config_(checkpoint.config()),
       backend_(backend),
       weights_(load_weights(checkpoint, backend, options)),
-      attention_mode_(options.attention) {}
+      attention_mode_(options.attention),
+      kv_dtype_(options.kv_quant != KvQuant::kNone ? DType::kF16 : options.kv_dtype.value_or(backend.activation_dtype())),
+      kv_quant_(options.kv_quant),
+      kv_partition_(options.kv_partition),
+      kv_hadamard_(options.kv_hadamard) {}
 
 attention::AttentionShape Model::attention_shape() const {
   return {.num_q_heads = config_.num_q_heads,
@@ -28,11 +32,17 @@ size_t Model::weight_bytes() const {
   return bytes;
 }
 
+size_t Model::kv_block_bytes(int32_t block_size) const {
+  return size_t(config_.num_layers) * size_t(config_.num_kv_heads) *
+         size_t(kv_block_head_bytes(kv_quant_, int32_t(dtype_size(kv_dtype_)), config_.head_dim, kv_partition_, block_size));
+}
+
 size_t Model::allocate_kv_cache(int32_t num_blocks, int32_t block_size) {
   kv_block_size_ = block_size;
   kv_num_blocks_ = num_blocks;
   prefix_planner_.reset();
-  if (attention_mode_ != LoadOptions::Attention::kPaged) {
+  // A quantized cache's CPU executors attend one sequence at a time: no plan to make.
+  if (attention_mode_ != LoadOptions::Attention::kPaged && kv_quant_ == KvQuant::kNone) {
     const auto planning = backend_.prefix_planning(attention_shape());
     if (planning) {
       prefix_planner_.emplace(attention_shape(), planning->device, planning->options);
@@ -47,8 +57,11 @@ size_t Model::allocate_kv_cache(int32_t num_blocks, int32_t block_size) {
                                                       .block_size = block_size,
                                                       .num_kv_heads = config_.num_kv_heads,
                                                       .head_dim = config_.head_dim,
-                                                      .dtype = backend_.activation_dtype(),
-                                                      .layout = KvLayout::kHnd});
+                                                      .dtype = kv_dtype_,
+                                                      .layout = KvLayout::kHnd,
+                                                      .quant = kv_quant_,
+                                                      .partition = kv_partition_,
+                                                      .hadamard = kv_hadamard_});
 }
 
 void Model::reserve(int64_t rows, int64_t logit_rows) {

@@ -39,8 +39,11 @@ class Model {
   DType weight_dtype() const { return weights_.embedding.dtype; }
 
   // Allocates the backend's paged KV cache: num_blocks blocks of block_size tokens, every layer,
-  // in the backend's activation dtype. Returns its size in bytes.
+  // stored as LoadOptions asked (kv_dtype, kv_quant). Returns its size in bytes.
   size_t allocate_kv_cache(int32_t num_blocks, int32_t block_size);
+  // Bytes of KV one block of block_size tokens takes over all layers and kv heads (an int2
+  // cache's tail slots excluded).
+  size_t kv_block_bytes(int32_t block_size) const;
   // Sizes the activations for steps of up to max_rows tokens and max_logit_rows sampled rows now,
   // so that no later step reallocates them (and invalidates the backend's captured graphs).
   void reserve(int64_t max_rows, int64_t max_logit_rows);
@@ -75,6 +78,10 @@ class Model {
   int32_t kv_block_size_ = 0;
   int32_t kv_num_blocks_ = 0;
   LoadOptions::Attention attention_mode_;
+  DType kv_dtype_;  // of an unquantized cache (and of an int2 cache's tail: f16)
+  KvQuant kv_quant_;
+  int32_t kv_partition_;
+  bool kv_hadamard_;
   // Made with the KV cache when decode steps may attend prefix-aware; it keeps the last step's
   // plan, so a step whose sequences only grew updates it instead of planning anew.
   std::optional<attention::PrefixPlanner> prefix_planner_;

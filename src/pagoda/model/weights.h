@@ -3,9 +3,11 @@
 #pragma once
 
 #include <memory>
+#include <optional>
 #include <vector>
 
 #include "pagoda/backend/backend.h"
+#include "pagoda/core/quantized_paged_kv.h"
 #include "pagoda/model/checkpoint.h"
 
 namespace pagoda {
@@ -45,6 +47,13 @@ struct LoadOptions {
   // read once; kAuto, prefix packing when the backend can and the step's sequences share blocks.
   enum class Attention : uint8_t { kAuto, kPaged, kPrefix };
   Attention attention = Attention::kAuto;
+  // The KV cache's storage: kv_dtype (nullopt: the backend's activation dtype), or, when kv_quant
+  // is kFp8 or kInt2, quantized (int2 in partitions of kv_partition elements; see
+  // docs/kv-quantization.md).
+  std::optional<DType> kv_dtype;
+  KvQuant kv_quant = KvQuant::kNone;
+  int32_t kv_partition = 64;
+  bool kv_hadamard = false;  // rotate keys and queries before a quantized cache stores keys
 };
 
 ModelWeights load_weights(const Checkpoint& checkpoint, Backend& backend, const LoadOptions& options);

@@ -9,7 +9,9 @@
 #include "pagoda/backend/cpu/decode_attention.h"
 #include "pagoda/backend/cpu/prefill_attention.h"
 #include "pagoda/backend/cpu/elementwise.h"
+#include "pagoda/backend/cpu/hadamard.h"
 #include "pagoda/backend/cpu/matmul.h"
+#include "pagoda/backend/cpu/quantized_attention.h"
 #include "pagoda/core/error.h"
 
 namespace pagoda {
@@ -70,11 +72,19 @@ void CpuBackend::add_rms_norm(Tensor x, const Tensor& y, const Tensor& weight, f
 
 size_t CpuBackend::allocate_kv_cache(const kv::KvCacheConfig& config) {
   cache_.reset();  // free the old cache before allocating the new one
+  quantized_cache_.reset();
+  if (config.quant != KvQuant::kNone) {
+    quantized_cache_ = std::make_unique<cpu::QuantizedKvCache>(config);
+    return quantized_cache_->nbytes();
+  }
   cache_ = std::make_unique<cpu::KvCache>(config);
   return cache_->nbytes();
 }
 
-void CpuBackend::copy_kv_block(int32_t src, int32_t dst) { cache_->copy_block(src, dst); }
+void CpuBackend::copy_kv_block(int32_t src, int32_t dst) {
+  if (quantized_cache_) return quantized_cache_->copy_block(src, dst);
+  cache_->copy_block(src, dst);
+}
 
 size_t CpuBackend::kv_page_bytes() const {
   if (!cache_) fail(ErrorKind::kInternal, "kv_page_bytes before allocate_kv_cache");
@@ -114,7 +124,7 @@ void CpuBackend::write_kv_pages(int layer, std::span<const int32_t> blocks, cons
 }
 
 void CpuBackend::rope_append_kv(int layer, const StepBatch& step, const Tensor& qkv, Tensor q) {
-  if (!cache_) fail(ErrorKind::kInternal, "rope_append_kv before allocate_kv_cache");
+  if (!cache_ && !quantized_cache_) fail(ErrorKind::kInternal, "rope_append_kv before allocate_kv_cache");
   const attention::AttentionShape& shape = step.shape;
   const int64_t rows = qkv.size(0), dim = shape.head_dim;
   const int64_t q_width = int64_t(shape.num_q_heads) * dim, kv_width = int64_t(shape.num_kv_heads) * dim;
@@ -126,19 +136,38 @@ void CpuBackend::rope_append_kv(int layer, const StepBatch& step, const Tensor& 
   gather(heads_view(qkv, q_width + kv_width, shape.num_kv_heads, dim), v_scratch_.data());
   cpu::rope(Tensor::contiguous(k_scratch_.data(), DType::kF32, {rows, shape.num_kv_heads, dim}), step.positions,
             step.rope_inv_freq);
+  if (quantized_cache_ && quantized_cache_->config().hadamard) {
+    cpu::hadamard_rotate(q.ptr<float>(), rows * shape.num_q_heads, int32_t(dim));
+    cpu::hadamard_rotate(k_scratch_.data(), rows * shape.num_kv_heads, int32_t(dim));
+  }
   for (const SequenceStep& s : step.sequences) {
     auto rows_of = [&](std::vector<float>& scratch) {
       return Tensor::contiguous(scratch.data() + s.row_begin * kv_width, DType::kF32,
                                 {s.num_new, shape.num_kv_heads, dim});
     };
-    cache_->write(layer, s.block_ids, s.start_pos, rows_of(k_scratch_), rows_of(v_scratch_));
+    if (quantized_cache_) {
+      quantized_cache_->write(layer, s.block_ids, s.start_pos, rows_of(k_scratch_), rows_of(v_scratch_));
+    } else {
+      cache_->write(layer, s.block_ids, s.start_pos, rows_of(k_scratch_), rows_of(v_scratch_));
+    }
   }
 }
 
 void CpuBackend::attention(int layer, const StepBatch& step, const Tensor& q, Tensor out) {
-  if (!cache_) fail(ErrorKind::kInternal, "attention before allocate_kv_cache");
+  if (!cache_ && !quantized_cache_) fail(ErrorKind::kInternal, "attention before allocate_kv_cache");
   const attention::AttentionShape& shape = step.shape;
   const int64_t q_width = int64_t(shape.num_q_heads) * shape.head_dim;
+  if (quantized_cache_) {  // the reference executors: one task per (sequence, kv head), whatever the plan
+    const QuantizedPagedKv pool = quantized_cache_->layer(layer);
+    for (int32_t index : step.prefill_seqs) {
+      const SequenceStep& s = step.sequences[size_t(index)];
+      cpu::prefill_attention_quantized(shape, pool, s.block_ids, s.start_pos, s.num_new,
+                                       q.ptr<float>() + s.row_begin * q_width, out.ptr<float>() + s.row_begin * q_width);
+    }
+    if (step.decode_batch.num_seqs() > 0)
+      cpu::decode_attention_quantized(step.decode_batch, shape, pool, q.ptr<float>(), out.ptr<float>());
+    return;
+  }
   const PagedKv pool = cache_->layer(layer);
   for (int32_t index : step.prefill_seqs) {
     const SequenceStep& s = step.sequences[size_t(index)];

@@ -8,6 +8,7 @@
 
 #include "pagoda/backend/backend.h"
 #include "pagoda/backend/cpu/kv_cache.h"
+#include "pagoda/backend/cpu/quantized_kv_cache.h"
 
 namespace pagoda {
 
@@ -43,6 +44,7 @@ class CpuBackend final : public Backend {
 
  private:
   std::unique_ptr<cpu::KvCache> cache_;
+  std::unique_ptr<cpu::QuantizedKvCache> quantized_cache_;  // instead of cache_ for int2 and fp8 KV
   std::vector<float> k_scratch_, v_scratch_;  // [rows, kv_heads, head_dim]
 };
 

@@ -52,11 +52,12 @@ KvCache::KvCache(const kv::KvCacheConfig& config) : config_(config) {
   const bool dtype_ok = config.dtype == DType::kF32 || config.dtype == DType::kF16 ||
                         config.dtype == DType::kBF16;
   if (config.num_layers <= 0 || config.num_blocks <= 0 || config.block_size <= 0 ||
-      config.num_kv_heads <= 0 || config.head_dim <= 0 || !dtype_ok) {
+      config.num_kv_heads <= 0 || config.head_dim <= 0 || !dtype_ok || config.quant != KvQuant::kNone) {
     fail(ErrorKind::kInvalidArgument,
-         "bad KV cache config: layers {}, blocks {}, block size {}, kv heads {}, head dim {}, dtype {}",
+         "bad KV cache config: layers {}, blocks {}, block size {}, kv heads {}, head dim {}, dtype {}{}",
          config.num_layers, config.num_blocks, config.block_size, config.num_kv_heads,
-         config.head_dim, dtype_name(config.dtype));
+         config.head_dim, dtype_name(config.dtype),
+         config.quant != KvQuant::kNone ? " (quantized pools live in backend/cpu/quantized_kv_cache.h)" : "");
   }
   pool_bytes_ = size_t(config.num_blocks) * size_t(config.block_size) *
                 size_t(config.num_kv_heads) * size_t(config.head_dim) * dtype_size(config.dtype);

@@ -10,6 +10,7 @@
 
 #include "pagoda/core/dtype.h"
 #include "pagoda/core/paged_kv.h"
+#include "pagoda/core/quantized_paged_kv.h"
 #include "pagoda/core/tensor.h"
 #include "pagoda/kv/block_table.h"
 #include "pagoda/kv/kv_cache_config.h"

@@ -164,6 +164,9 @@ void CudaBackend::silu_mul(const Tensor& gate_up, Tensor out) {
 void CudaBackend::add(Tensor x, const Tensor& y) { cuda::add(x.data, y.data, x.size(0), x.size(1), dtype_, stream_); }
 
 size_t CudaBackend::allocate_kv_cache(const kv::KvCacheConfig& config) {
+  if (config.quant != KvQuant::kNone)
+    fail(ErrorKind::kUnsupported, "cuda backend: no {} KV kernels yet (the CPU backend runs them)",
+         kv_quant_name(config.quant));
   if (config.dtype != dtype_ || config.layout != KvLayout::kHnd)
     fail(ErrorKind::kInternal, "cuda backend: the KV cache is HND of the activation dtype");
   // The same cache for a new engine: keep it, and the graphs that point into it. A new one is
