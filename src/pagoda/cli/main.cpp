@@ -1,12 +1,31 @@
 // pagoda: the command-line entry point. Each subcommand lives in its own file.
 #include <CLI/CLI.hpp>
 
+#include <unistd.h>
+
 #include <cstdio>
+#include <cstdlib>
 
 #include "pagoda/cli/commands.h"
 #include "pagoda/core/error.h"
 
+namespace {
+
+// OpenMP (CPU attention and the model loader use it) keeps its idle threads spinning after each
+// region; on a shared machine those polls take the cores the CPU backend's own pool and other
+// processes need (docs/experiments/cpu-quantized-matmul.md). libgomp reads its wait policy once,
+// before main, so the one way to choose it here is to start again with it set. A policy the user
+// set stays; if the exec fails, pagoda runs on with libgomp's default.
+void prefer_passive_openmp_waits(char** argv) {
+  if (std::getenv("OMP_WAIT_POLICY") != nullptr) return;
+  setenv("OMP_WAIT_POLICY", "passive", 1);
+  execv("/proc/self/exe", argv);
+}
+
+}  // namespace
+
 int main(int argc, char** argv) {
+  prefer_passive_openmp_waits(argv);
   CLI::App app{"pagoda: fast LLM inference for Llama-family models"};
   app.require_subcommand(1);
   pagoda::cli::register_generate(app);

@@ -1,12 +1,9 @@
 #include "pagoda/backend/cpu/thread_pool.h"
 
-#include <alloca.h>
 #include <immintrin.h>
 #include <omp.h>
-#include <unistd.h>
 
 #include <chrono>
-#include <cstring>
 
 #include "pagoda/core/error.h"
 
@@ -39,26 +36,6 @@ uint32_t wait_change(const std::atomic<uint32_t>& value, uint32_t old) {
   while ((now = value.load(std::memory_order_acquire)) == old) value.wait(old, std::memory_order_acquire);
   return now;
 }
-
-// OpenMP (attention and the model loader use it) keeps its idle threads spinning after each
-// region: libgomp polls ~300k times by default. On a shared machine those polls take the cores
-// this pool's threads and other processes need: measured with ~30 runnable processes on 2 cores,
-// decode ran at ~1 token/s with the default and at 40-80 with OMP_WAIT_POLICY=passive. libgomp
-// reads the policy once, in its initializer, and glibc installs the environment that getenv
-// reads only in its own initializer, after the executable's preinit functions: so the one way to
-// set it before libgomp looks is to start again with it. A policy the user set stays.
-void default_omp_wait_policy(int, char** argv, char** envp) {
-  size_t n = 0;
-  for (; envp[n]; ++n)
-    if (std::strncmp(envp[n], "OMP_WAIT_POLICY=", 16) == 0) return;
-  char** env = static_cast<char**>(alloca((n + 2) * sizeof(char*)));
-  std::memcpy(env, envp, n * sizeof(char*));
-  env[n] = const_cast<char*>("OMP_WAIT_POLICY=passive");
-  env[n + 1] = nullptr;
-  execve("/proc/self/exe", argv, env);  // returns only on failure: then run on with the default
-}
-[[gnu::section(".preinit_array"), gnu::used]] void (*const preinit_omp_wait_policy)(int, char**, char**) =
-    &default_omp_wait_policy;
 
 }  // namespace
 
