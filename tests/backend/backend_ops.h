@@ -31,8 +31,9 @@
 // Every Backend method is exercised here: name, device, activation_dtype, allocate, upload and
 // download by BufferRoundTrip; begin_step by every op that reads a StepBatch; embed by Embed;
 // rms_norm, rms_norm_logit_rows and add_rms_norm by RmsNorm; matmul by Matmul; silu_mul and add
-// by Elementwise; allocate_kv_cache, copy_kv_block, rope_append_kv and attention (prefill, paged
-// decode, prefix-aware decode, copy on write) by AttentionSteps, whose graph kinds also run
+// by Elementwise; allocate_kv_cache, copy_kv_block, kv_page_bytes, read_kv_pages, write_kv_pages,
+// rope_append_kv and attention (prefill, paged decode, prefix-aware decode, copy on write, a
+// block moved through host pages) by AttentionSteps, whose graph kinds also run
 // run_graph and read graph_stats; device_info, prefix_planning and graph_rows by Queries;
 // can_sample and sample by Sample.
 //
@@ -580,6 +581,17 @@ class KvScenario {
   // Copies KV block src to dst on the backend (copy on write).
   void copy_block(int32_t src, int32_t dst) { backend_.copy_kv_block(src, dst); }
 
+  // Moves KV block src to dst through host memory, a layer's K page then its V page, as
+  // disaggregated serving ships a request's KV between servers.
+  void transfer_block(int32_t src, int32_t dst) {
+    std::vector<std::byte> pages(2 * backend_.kv_page_bytes());
+    const int32_t from[] = {src}, to[] = {dst};
+    for (int l = 0; l < kLayers; ++l) {
+      backend_.read_kv_pages(l, from, pages.data());
+      backend_.write_kv_pages(l, to, pages.data());
+    }
+  }
+
   // One step: `chunks` (sequence, new tokens) appended and attended to, through the Backend as
   // the model issues them (decode rows first; a decode-only step padded to graph_rows and run
   // by run_graph when `graph`). Checks every layer's q and attention output. Returns the step's
@@ -890,7 +902,8 @@ class AttentionSteps final : public OpTest {
       return;
     }
     // Prefix: sequence a's prompt fills blocks 0 and 1 and 8 tokens of block 2; b and c share its
-    // two full blocks and add their own; d shares them and a copy of the partial third block.
+    // two full blocks and add their own; d shares them and a copy of the partial third block, e
+    // the same block moved through host pages.
     const int a = kv.add_sequence(blocks(0, 4));
     kv.step({{a, 2 * bs + 8}}, mode, false, report);
     const int b = kv.add_sequence({0, 1, 10, 11}, a, 2 * bs);
@@ -898,9 +911,12 @@ class AttentionSteps final : public OpTest {
     kv.step({{b, 9}, {c, 3 * bs + 5}}, mode, false, report);
     kv.copy_block(2, 30);
     const int d = kv.add_sequence({0, 1, 30, 31}, a, 2 * bs + 8);
+    kv.transfer_block(2, 40);
+    const int e = kv.add_sequence({0, 1, 40, 41}, a, 2 * bs + 8);
     const Backend::GraphStats before = backend.graph_stats();
     int32_t graph_steps = 0;
-    for (int s = 0; s < 4; ++s) graph_steps += kv.step({{a, 1}, {b, 1}, {c, 1}, {d, 1}}, mode, graph, report) > 0;
+    for (int s = 0; s < 4; ++s)
+      graph_steps += kv.step({{a, 1}, {b, 1}, {c, 1}, {d, 1}, {e, 1}}, mode, graph, report) > 0;
     if (graph) expect_graphs(backend, before, graph_steps, report);
   }
 
