@@ -32,7 +32,7 @@ class Reader {
     const auto n = get<uint32_t>(what);
     if (uint64_t(n) * 4 > left()) throw ProtocolError(fmt::format("{}: {} values, but {} bytes left", what, n, left()));
     std::vector<int32_t> out(n);
-    std::memcpy(out.data(), bytes_.data() + at_, size_t(n) * 4);
+    if (n > 0) std::memcpy(out.data(), bytes_.data() + at_, size_t(n) * 4);  // data() may be null when empty
     at_ += size_t(n) * 4;
     return out;
   }
