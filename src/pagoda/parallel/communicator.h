@@ -1,0 +1,29 @@
+// Communicator: the collectives that tensor parallelism needs between the ranks of one model.
+//
+// A model split over N ranks (docs/design.md, "Tensor parallelism") runs one thread per rank in
+// one process: each rank owns a Backend (one GPU, or a share of the CPU's cores), its shard of the
+// weights and of the KV heads, and one Communicator. Every rank issues the same collectives in
+// the same order with the same shapes; a rank that stops calling makes the others fail with a
+// clear error after a timeout, never hang.
+//
+// On a GPU the collectives are enqueued on the rank's backend stream (so a CUDA graph captures
+// them, and they order with the ops around them); on the CPU they complete before returning.
+#pragma once
+
+#include "pagoda/core/tensor.h"
+
+namespace pagoda::parallel {
+
+class Communicator {
+ public:
+  virtual ~Communicator() = default;
+  virtual int rank() const = 0;
+  virtual int world_size() const = 0;
+  // x = the sum of every rank's x, in place, in x's dtype (f32, f16 or bf16); x is contiguous.
+  virtual void all_reduce_sum(Tensor x) = 0;
+  // out [world_size * n, ...] = the ranks' x [n, ...] stacked in rank order; x and out are
+  // contiguous, of one dtype, on every rank.
+  virtual void all_gather(const Tensor& x, Tensor out) = 0;
+};
+
+}  // namespace pagoda::parallel
