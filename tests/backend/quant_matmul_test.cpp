@@ -177,6 +177,32 @@ TEST(QuantMatmul, NormalActivationsWithinQuantizationBound) {
     }
 }
 
+// The engine promises the same text however requests are batched. Activations are re-quantized
+// to 8 bits before every matmul, so a last-bit difference in one layer can move a rounding
+// boundary and grow into a visible one a few layers later: each row's result must not depend on
+// the rows beside it (their count decides the tile shapes) by a single bit.
+TEST(QuantMatmul, RowsAreBitExactWhateverTheBatch) {
+  std::mt19937_64 rng(13);
+  std::normal_distribution<float> normal(0.f, 1.f);
+  constexpr int64_t n = 11, m = 9, k = 512;  // tiles of 4, 4, 3 rows and a one-row weight tile
+  for (const Format& f : kFormats)
+    for (QuantIsa isa : isas()) {
+      const std::vector<uint8_t> w = random_blocks(f, m, k, rng);
+      const Tensor wt = Tensor::contiguous(const_cast<uint8_t*>(w.data()), f.dtype, {m, k});
+      std::vector<float> x(size_t(n * k)), all(size_t(n * m)), one(static_cast<size_t>(m));
+      for (float& v : x) v = normal(rng);
+      quant_matmul(Tensor::contiguous(x.data(), DType::kF32, {n, k}), wt, nullptr,
+                   Tensor::contiguous(all.data(), DType::kF32, {n, m}), isa);
+      for (int64_t r = 0; r < n; ++r) {
+        quant_matmul(Tensor::contiguous(x.data() + r * k, DType::kF32, {1, k}), wt, nullptr,
+                     Tensor::contiguous(one.data(), DType::kF32, {1, m}), isa);
+        for (int64_t j = 0; j < m; ++j)
+          ASSERT_EQ(one[size_t(j)], all[size_t(r * m + j)])
+              << dtype_name(f.dtype) << " " << quant_isa_name(isa) << " row " << r << " col " << j;
+      }
+    }
+}
+
 // 8-bit block quantization of activations: q = round(x / d), d = max|x| / 127, s = d * sum(q).
 TEST(QuantMatmul, QuantizeRowsRoundsToNearestOfTheBlockScale) {
   std::vector<float> x(64);

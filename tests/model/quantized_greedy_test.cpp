@@ -100,5 +100,34 @@ TEST(QuantizedModel, GreedyMatchesF32PathOrPartsAtANearTie) {
   EXPECT_GE(prompts, 4);
 }
 
+
+// The engine promises the same text however requests are batched, so a prompt's logits must not
+// depend on which other prompts share its step: prefilled alone and prefilled beside two others,
+// its last row's logits are equal bit for bit.
+TEST(QuantizedModel, LogitsDoNotDependOnTheBatch) {
+  const Checkpoint checkpoint = Checkpoint::open(default_model_path());
+  CpuBackend backend;
+  Model model(checkpoint, backend, LoadOptions{.keep_quantized = true, .show_progress = false});
+  model.allocate_kv_cache(kNumBlocks, kBlockSize);
+  const std::vector<std::vector<int32_t>> prompts = {
+      {504, 1296, 3615, 7665, 359}, {20608, 2029, 253, 655}, {1137, 14734, 23, 80, 2067, 1047, 28, 216}};
+  std::vector<std::vector<float>> alone;
+  for (const auto& p : prompts) alone.push_back(testing::run_chunks(model, p, p.size(), kNumBlocks, kBlockSize).back());
+
+  kv::BlockPool pool(kNumBlocks, kBlockSize);
+  std::vector<kv::BlockTable> tables(prompts.size());
+  std::vector<SequenceChunk> chunks;
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    kv::append_tokens(tables[i], int32_t(prompts[i].size()), pool);
+    chunks.push_back({.tokens = prompts[i], .start_pos = 0, .block_ids = tables[i].block_ids, .want_logits = true});
+  }
+  const std::span<const float> together = model.forward(chunks);
+  const size_t vocab = alone[0].size();
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    const std::span<const float> row = together.subspan(i * vocab, vocab);
+    EXPECT_EQ(testing::relative_max_diff(row, alone[i]), 0.0) << "prompt " << i;
+  }
+}
+
 }  // namespace
 }  // namespace pagoda

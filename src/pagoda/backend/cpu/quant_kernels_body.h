@@ -17,6 +17,7 @@
 
 #include <immintrin.h>
 
+#include <cmath>
 #include <cstdint>
 #include <cstring>
 
@@ -199,7 +200,9 @@ inline void tile(const uint8_t* w, size_t w_row_bytes, int64_t j0, const Q8Rows&
           else
             scale = _mm256_set1_ps(d[c][g] * xd);
           acc[r][c] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), scale, acc[r][c]);
-          if constexpr (!F::kSigned) constant[r][c] += m[c][g] * x.s[xg];
+          // An explicit fma: left to the compiler, the product is fused in some tile shapes and
+          // not in others, and a row's result would depend on how many rows share its tile.
+          if constexpr (!F::kSigned) constant[r][c] = std::fma(m[c][g], x.s[xg], constant[r][c]);
         }
       }
     }
