@@ -66,7 +66,7 @@ for round in $(seq 1 "$ROUNDS"); do
   # token/s when other processes share the cores. LLAMA_WAIT_POLICY overrides it (empty: the default).
   OMP_WAIT_POLICY="${LLAMA_WAIT_POLICY-passive}" "$BENCH_BIN" -m "$MODEL" -t "$THREADS" -p "$PROMPT" -n "$GEN" -d "0,$PROMPT" -r 2 -o json > "$RAW/llamacpp_$round.json"
   uptime > "$RAW/load_pagoda_$round.txt"
-  "$PAGODA" bench generate -m "$MODEL" --weight-dtype file --threads "$THREADS" --prompt-tokens "$PROMPT" --gen-tokens "$GEN" \
+  "$PAGODA" bench generate -m "$MODEL" --threads "$THREADS" --prompt-tokens "$PROMPT" --gen-tokens "$GEN" \
     --batch 1 --json "$RAW/pagoda_$round.json" > "$RAW/pagoda_$round.txt"
 done
 python3 - "$OUT" "$RAW" "$ROUNDS" "$PROMPT" "$GEN" "$THREADS" "$MODEL" <<'PY'

@@ -24,15 +24,16 @@ Tokenizer load_tokenizer(const Checkpoint& checkpoint) {
   return Tokenizer::from_json_file((path / "tokenizer.json").string());
 }
 
-// --weight-dtype: auto is f16, except that a bf16 checkpoint stays bf16 (its values may not fit
-// f16's range, which the GPU backend would otherwise convert every weight and activation to).
+// --weight-dtype: the storage of weights that are not kept in a GGUF file's quantized blocks. auto
+// is f16, except that a bf16 checkpoint stays bf16 (its values may not fit f16's range, which the
+// GPU backend would otherwise convert every weight and activation to).
 DType parse_weight_dtype(const std::string& name, const Checkpoint& checkpoint) {
   if (name == "f32") return DType::kF32;
   if (name == "f16") return DType::kF16;
   if (name == "bf16") return DType::kBF16;
-  if (name == "auto" || name == "file")
+  if (name == "auto")
     return checkpoint.get("model.embed_tokens.weight").type == GgmlType::kBF16 ? DType::kBF16 : DType::kF16;
-  fail(ErrorKind::kInvalidArgument, "--weight-dtype must be auto, file, f32, f16 or bf16, not '{}'", name);
+  fail(ErrorKind::kInvalidArgument, "--weight-dtype must be auto, f32, f16 or bf16, not '{}'", name);
 }
 
 // --kv-cache-dtype and --kv-partition into options, refused here, before the weights load, when
@@ -117,10 +118,9 @@ Session::Session(const ModelFlags& flags)
     fail(ErrorKind::kInvalidArgument, "--attention must be auto, paged or prefix, not '{}'", flags.attention);
   }
   backend = make_backend(flags.backend, weight_dtype, !flags.enforce_eager);
-  // file keeps a GGUF file's quantized weights as they are where the backend multiplies them. Not
-  // the default until a request's tokens stop depending on the batch it runs in there
-  // (docs/experiments/cpu-quantized-matmul.md).
-  LoadOptions options{.weight_dtype = weight_dtype, .keep_quantized = flags.weight_dtype == "file", .attention = attention};
+  // auto keeps a GGUF file's quantized weights as they are where the backend multiplies them: a
+  // decode step then reads the file's bytes, not their f16 expansion.
+  LoadOptions options{.weight_dtype = weight_dtype, .keep_quantized = flags.weight_dtype == "auto", .attention = attention};
   parse_kv_cache_flags(flags, checkpoint.config(), *backend, weight_dtype, options);
   model = std::make_unique<Model>(checkpoint, *backend, options);
   engine_options = EngineOptions{.kv_memory_bytes = size_t(flags.kv_memory_mb) << 20,

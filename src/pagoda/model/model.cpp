@@ -8,11 +8,28 @@
 
 namespace pagoda {
 
+namespace {
+
+// kAuto attends prefix-aware where sequences share blocks, which merges a shared prefix's partial
+// states in another order than a lone sequence's pass: a last-bit difference. Weights kept
+// quantized on the CPU multiply 8-bit activations, re-quantized before every matmul, where such a
+// difference can move a rounding boundary and grow, so that a request's tokens would depend on
+// which other requests share its steps. There, auto means paged.
+LoadOptions::Attention resolve_attention(LoadOptions::Attention requested, const ModelWeights& weights,
+                                         const Backend& backend) {
+  const bool int8_activations = backend.activation_dtype() == DType::kF32 && !weights.layers.empty() &&
+                                is_block_quantized(weights.layers[0].qkv.dtype);
+  if (requested == LoadOptions::Attention::kAuto && int8_activations) return LoadOptions::Attention::kPaged;
+  return requested;
+}
+
+}  // namespace
+
 Model::Model(const Checkpoint& checkpoint, Backend& backend, const LoadOptions& options)
     : config_(checkpoint.config()),
       backend_(backend),
       weights_(load_weights(checkpoint, backend, options)),
-      attention_mode_(options.attention),
+      attention_mode_(resolve_attention(options.attention, weights_, backend)),
       kv_dtype_(options.kv_quant != KvQuant::kNone ? DType::kF16 : options.kv_dtype.value_or(backend.activation_dtype())),
       kv_quant_(options.kv_quant),
       kv_partition_(options.kv_partition),
