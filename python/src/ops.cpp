@@ -20,6 +20,7 @@
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -267,6 +268,35 @@ class KvPool {
 #endif
 };
 
+// Seconds per call of `call`, which runs one kernel: one warm-up call, then `iterations` timed
+// ones, by the wall clock on the CPU and by events on `stream` on a GPU.
+double seconds_per_call(Device device, uintptr_t stream, int32_t iterations, const std::function<void()>& call) {
+  if (iterations < 1) fail(ErrorKind::kInvalidArgument, "iterations must be >= 1");
+  call();
+  if (device == Device::kCpu) {
+    const auto start = std::chrono::steady_clock::now();
+    for (int32_t i = 0; i < iterations; ++i) call();
+    return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count() / iterations;
+  }
+#ifdef PAGODA_HAVE_CUDA
+  cudaEvent_t begin, end;
+  cuda::check_cuda(cudaEventCreate(&begin), "cudaEventCreate");
+  cuda::check_cuda(cudaEventCreate(&end), "cudaEventCreate");
+  cuda::check_cuda(cudaEventRecord(begin, as_stream(stream)), "cudaEventRecord");
+  for (int32_t i = 0; i < iterations; ++i) call();
+  cuda::check_cuda(cudaEventRecord(end, as_stream(stream)), "cudaEventRecord");
+  cuda::check_cuda(cudaEventSynchronize(end), "cudaEventSynchronize");
+  float ms = 0;
+  cuda::check_cuda(cudaEventElapsedTime(&ms, begin, end), "cudaEventElapsedTime");
+  cudaEventDestroy(begin);
+  cudaEventDestroy(end);
+  return double(ms) * 1e-3 / iterations;
+#else
+  (void)stream;
+  return 0;
+#endif
+}
+
 // What plan() fixes for run(): the batch, its shape and the KV dtype.
 struct Planned {
   attention::DecodeBatch batch;
@@ -379,40 +409,18 @@ class DecodeAttention {
     const TensorArg q(q_obj, "q"), out(out_obj, "out"), lse(lse_obj, "lse");
     planned_.check_run(kv_cache, place_, q, out, lse, "DecodeAttention");
     const uintptr_t stream = q.stream(stream_arg);
-    if (iterations < 1) fail(ErrorKind::kInvalidArgument, "iterations must be >= 1");
     nb::gil_scoped_release release;
-    if (place_.device == Device::kCpu) {
-      auto call = [&] {
+    return seconds_per_call(place_.device, stream, iterations, [&] {
+      if (place_.device == Device::kCpu) {
         cpu::run_decode_cpu(plan_, planned_.batch, planned_.shape, kv_cache.view(), static_cast<const float*>(q.data()),
-                                  static_cast<float*>(out.data()), static_cast<float*>(lse.data()));
-      };
-      call();
-      const auto start = std::chrono::steady_clock::now();
-      for (int32_t i = 0; i < iterations; ++i) call();
-      return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count() / iterations;
-    }
+                            static_cast<float*>(out.data()), static_cast<float*>(lse.data()));
+        return;
+      }
 #ifdef PAGODA_HAVE_CUDA
-    auto call = [&] {
       cuda::decode_attention(workspace_, planned_.shape, kv_cache.view(), q.data(), out.data(),
-                               static_cast<float*>(lse.data()), {}, as_stream(stream));
-    };
-    call();
-    cudaEvent_t begin, end;
-    cuda::check_cuda(cudaEventCreate(&begin), "cudaEventCreate");
-    cuda::check_cuda(cudaEventCreate(&end), "cudaEventCreate");
-    cuda::check_cuda(cudaEventRecord(begin, as_stream(stream)), "cudaEventRecord");
-    for (int32_t i = 0; i < iterations; ++i) call();
-    cuda::check_cuda(cudaEventRecord(end, as_stream(stream)), "cudaEventRecord");
-    cuda::check_cuda(cudaEventSynchronize(end), "cudaEventSynchronize");
-    float ms = 0;
-    cuda::check_cuda(cudaEventElapsedTime(&ms, begin, end), "cudaEventElapsedTime");
-    cudaEventDestroy(begin);
-    cudaEventDestroy(end);
-    return double(ms) * 1e-3 / iterations;
-#else
-    (void)stream;
-    return 0;
+                             static_cast<float*>(lse.data()), {}, as_stream(stream));
 #endif
+    });
   }
 
   int32_t num_work_items() const { return int32_t(plan_.items.size()); }
@@ -483,40 +491,18 @@ class PrefixAttention {
     const TensorArg q(q_obj, "q"), out(out_obj, "out"), lse(lse_obj, "lse");
     planned_.check_run(kv_cache, place_, q, out, lse, "PrefixAttention");
     const uintptr_t stream = q.stream(stream_arg);
-    if (iterations < 1) fail(ErrorKind::kInvalidArgument, "iterations must be >= 1");
     nb::gil_scoped_release release;
-    if (place_.device == Device::kCpu) {
-      auto call = [&] {
+    return seconds_per_call(place_.device, stream, iterations, [&] {
+      if (place_.device == Device::kCpu) {
         cpu::run_prefix_cpu(plan_, planned_.batch, planned_.shape, kv_cache.view(), static_cast<const float*>(q.data()),
-                                  static_cast<float*>(out.data()), static_cast<float*>(lse.data()));
-      };
-      call();
-      const auto start = std::chrono::steady_clock::now();
-      for (int32_t i = 0; i < iterations; ++i) call();
-      return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count() / iterations;
-    }
+                            static_cast<float*>(out.data()), static_cast<float*>(lse.data()));
+        return;
+      }
 #ifdef PAGODA_HAVE_CUDA
-    auto call = [&] {
       cuda::prefix_attention(workspace_, planned_.shape, kv_cache.view(), kv_cache.tensor_maps(), q.data(), out.data(),
-                               static_cast<float*>(lse.data()), as_stream(stream));
-    };
-    call();
-    cudaEvent_t begin, end;
-    cuda::check_cuda(cudaEventCreate(&begin), "cudaEventCreate");
-    cuda::check_cuda(cudaEventCreate(&end), "cudaEventCreate");
-    cuda::check_cuda(cudaEventRecord(begin, as_stream(stream)), "cudaEventRecord");
-    for (int32_t i = 0; i < iterations; ++i) call();
-    cuda::check_cuda(cudaEventRecord(end, as_stream(stream)), "cudaEventRecord");
-    cuda::check_cuda(cudaEventSynchronize(end), "cudaEventSynchronize");
-    float ms = 0;
-    cuda::check_cuda(cudaEventElapsedTime(&ms, begin, end), "cudaEventElapsedTime");
-    cudaEventDestroy(begin);
-    cudaEventDestroy(end);
-    return double(ms) * 1e-3 / iterations;
-#else
-    (void)stream;
-    return 0;
+                             static_cast<float*>(lse.data()), as_stream(stream));
 #endif
+    });
   }
 
   int32_t num_units() const { return int32_t(plan_.units.size()); }
