@@ -219,6 +219,20 @@ class Report {
     }
   }
 
+  // The same with each element's bound given (an op whose tolerance has terms of its own).
+  void within(const std::string& what, std::span<const double> got, std::span<const double> ref,
+              std::span<const double> bound) {
+    ASSERT_EQ(got.size(), ref.size()) << op_ << " " << what;
+    for (size_t i = 0; i < got.size(); ++i) {
+      const double error = std::abs(got[i] - ref[i]);
+      worst_ = std::max(worst_, std::isfinite(error) ? error / bound[i] : std::numeric_limits<double>::infinity());
+      if (!(error <= bound[i]) && failures_++ < 5) {
+        ADD_FAILURE() << op_ << ": " << what << "[" << i << "] = " << got[i] << ", reference " << ref[i]
+                      << ", |error| " << error << " > tolerance " << bound[i];
+      }
+    }
+  }
+
   void exact(const std::string& what, std::span<const double> got, std::span<const double> ref) {
     ASSERT_EQ(got.size(), ref.size()) << op_ << " " << what;
     for (size_t i = 0; i < got.size(); ++i) {
@@ -1140,6 +1154,12 @@ class Queries final : public OpTest {
   double bytes() const override { return 0; }
 };
 
+}  // namespace pagoda::backend_ops
+
+#include "quantized_kv_steps.h"  // the quantized-KV rows, written against the classes above
+
+namespace pagoda::backend_ops {
+
 // ---- The tables ------------------------------------------------------------------------------
 
 // Small shapes (the CPU runs them in CI), with the odd sizes and dtypes that take other paths.
@@ -1179,6 +1199,11 @@ inline std::vector<std::unique_ptr<OpTest>> correctness_table() {
   }
   add(new Sample(1000, 3));
   add(new Sample(32000, 0));
+  add(new QuantizedAttentionSteps(KvQuant::kFp8, attention_shape(4, 2, 64, 16), false));
+  add(new QuantizedAttentionSteps(KvQuant::kFp8, attention_shape(8, 2, 128, 64), true));
+  add(new QuantizedAttentionSteps(KvQuant::kInt2, attention_shape(4, 2, 64, 64), false));
+  add(new QuantizedAttentionSteps(KvQuant::kInt2, attention_shape(8, 2, 128, 64), true));
+  add(new QuantizedAttentionSteps(KvQuant::kInt2, attention_shape(4, 4, 128, 64), true));
   return t;
 }
 
