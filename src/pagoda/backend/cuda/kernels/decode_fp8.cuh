@@ -100,8 +100,9 @@ __global__ void __launch_bounds__(DecodeFp8Config<kHeadDim>::kThreads) decode_fp
   constexpr int kRowsPerThread = C::kTileTokens / kRowsPerPass;
   const int chunk = tid % kChunksPerRow;
   const int first_row = tid / kChunksPerRow;
+  // Plain cp.async, no evict_first policy: with one, ptxas 13.0 gave this kernel's copies a bad
+  // cache-policy register (an illegal instruction), as decode_tiled_kernel's unrolled prologue.
   auto load_tile = [&](int tile, int stage) {
-    const uint64_t policy = ptx::evict_first_policy();
     const uint32_t k_dst = smem_base + stage * C::kStageBytes;
     const uint32_t v_dst = k_dst + C::kCodeTileBytes;
 #pragma unroll
@@ -113,8 +114,8 @@ __global__ void __launch_bounds__(DecodeFp8Config<kHeadDim>::kThreads) decode_fp
           valid ? int64_t(blocks[token >> block_log2]) * pool.k_codes_block + (token & block_mask) * kHeadDim + chunk * 16
                 : 0;
       const uint32_t dst = row * kHeadDim + chunk * 16;
-      ptx::cp_async_16_hint(k_dst + dst, k_head + offset, valid ? 16 : 0, policy);
-      ptx::cp_async_16_hint(v_dst + dst, v_head + offset, valid ? 16 : 0, policy);
+      ptx::cp_async_16(k_dst + dst, k_head + offset, valid ? 16 : 0);
+      ptx::cp_async_16(v_dst + dst, v_head + offset, valid ? 16 : 0);
     }
     if (tid < 32) {
       const int row = (tid % 16) * 4;

@@ -109,8 +109,10 @@ __global__ void __launch_bounds__(kQuantizedDecodeWarps * 32) decode_int2_kernel
     }
   }
   __syncthreads();
+  // The score of (token, row) over partition c, the four terms regrouped by K's min and scale:
+  //   k_min (Π q_min + q_scale sum q') + k_scale (q_min sum k' + q_scale sum q' k').
   uint32_t q_b[kChunks][4];  // B registers of chunk c: words 4 t + u of row g
-  float qm[kChunks][2], qs[kChunks][2], qsum[kChunks][2];  // rows 2t, 2t + 1
+  float qm[kChunks][2], qs[kChunks][2], q_term[kChunks][2];  // rows 2t, 2t + 1
 #pragma unroll
   for (int c = 0; c < kChunks; ++c) {
 #pragma unroll
@@ -119,7 +121,7 @@ __global__ void __launch_bounds__(kQuantizedDecodeWarps * 32) decode_int2_kernel
     for (int j = 0; j < 2; ++j) {
       qm[c][j] = q_min[2 * t + j][c];
       qs[c][j] = q_scale[2 * t + j][c];
-      qsum[c][j] = float(q_sum[2 * t + j][c]);
+      q_term[c][j] = float(kPart) * qm[c][j] + qs[c][j] * float(q_sum[2 * t + j][c]);
     }
   }
 
@@ -156,6 +158,18 @@ __global__ void __launch_bounds__(kQuantizedDecodeWarps * 32) decode_int2_kernel
     const int64_t k_meta = block * pool.k_meta_block + h * pool.k_meta_head;
 #pragma unroll
     for (int tt = 0; tt < 4; ++tt) {
+      // Metadata of tokens 16 tt + g (+ 8), every partition: kChunks f16 / sums are adjacent.
+      float k_min[2][kChunks], k_scale[2][kChunks], k_sum[2][kChunks];
+#pragma unroll
+      for (int half = 0; half < 2; ++half) {
+        const int64_t at = k_meta + int64_t(16 * tt + g + 8 * half) * kChunks;
+#pragma unroll
+        for (int c = 0; c < kChunks; ++c) {
+          k_min[half][c] = __half2float(pool.k_min[at + c]);
+          k_scale[half][c] = __half2float(pool.k_scale[at + c]);
+          k_sum[half][c] = float(pool.k_sums[at + c]);
+        }
+      }
 #pragma unroll
       for (int e = 0; e < 4; ++e) s[tt][e] = 0.f;
 #pragma unroll
@@ -169,15 +183,11 @@ __global__ void __launch_bounds__(kQuantizedDecodeWarps * 32) decode_int2_kernel
           kernels::mma_u8_16x8x32(dot, a, q_b[c][2 * m], q_b[c][2 * m + 1]);
         }
 #pragma unroll
-        for (int half = 0; half < 2; ++half) {
-          const int64_t at = k_meta + int64_t(16 * tt + g + 8 * half) * kChunks + c;
-          const float k_min = __half2float(pool.k_min[at]), k_scale = __half2float(pool.k_scale[at]);
-          const float k_sum = float(pool.k_sums[at]);
+        for (int half = 0; half < 2; ++half)
 #pragma unroll
           for (int j = 0; j < 2; ++j)
-            s[tt][2 * half + j] += float(kPart) * qm[c][j] * k_min + qm[c][j] * k_scale * k_sum +
-                                   k_min * qs[c][j] * qsum[c][j] + qs[c][j] * k_scale * float(dot[2 * half + j]);
-        }
+            s[tt][2 * half + j] += k_min[half][c] * q_term[c][j] +
+                                   k_scale[half][c] * (qm[c][j] * k_sum[half][c] + qs[c][j] * float(dot[2 * half + j]));
       }
     }
     float part_max[2] = {-INFINITY, -INFINITY};
@@ -246,6 +256,9 @@ __global__ void __launch_bounds__(kQuantizedDecodeWarps * 32) decode_int2_kernel
       uint32_t p_b[4];
 #pragma unroll
       for (int u = 0; u < 4; ++u) p_b[u] = p_words[warp][g][t * 4 + u];
+      float p_term[2];  // regrouped as for the scores: v_min (Π p_min + p_scale sum p') + ...
+#pragma unroll
+      for (int j = 0; j < 2; ++j) p_term[j] = float(kPart) * p_lo[j] + p_scale[j] * p_sum[j];
       const int64_t v_meta = block * pool.v_meta_block + h * pool.v_meta_head;
 #pragma unroll
       for (int m = 0; m < kDimTiles; ++m) {
@@ -263,8 +276,8 @@ __global__ void __launch_bounds__(kQuantizedDecodeWarps * 32) decode_int2_kernel
           const float v_sum = float(pool.v_sums[at]);
 #pragma unroll
           for (int j = 0; j < 2; ++j)
-            o_acc[m][2 * half + j] += float(kPart) * p_lo[j] * v_min + p_lo[j] * v_scale * v_sum +
-                                      v_min * p_scale[j] * p_sum[j] + p_scale[j] * v_scale * float(dot[2 * half + j]);
+            o_acc[m][2 * half + j] +=
+                v_min * p_term[j] + v_scale * (p_lo[j] * v_sum + p_scale[j] * float(dot[2 * half + j]));
         }
       }
       __syncwarp();
