@@ -74,7 +74,9 @@ void launch_decode_quantized(KvQuant quant, DType dtype, int head_dim, const Qua
                              int num_items, cudaStream_t stream) {
   dispatch(dtype, head_dim, "quantized decode dispatch", [&]<typename T, int kHeadDim>() {
     if (quant == KvQuant::kInt2) {
-      decode_int2_kernel<T, kHeadDim><<<num_items, kQuantizedDecodeWarps * 32, 0, stream>>>(params);
+      constexpr int kSmem = DecodeInt2Stage<kHeadDim>::kSmemBytes;
+      allow_dynamic_shared_memory<decode_int2_kernel<T, kHeadDim>, kSmem>("cudaFuncSetAttribute(decode_int2_kernel)");
+      decode_int2_kernel<T, kHeadDim><<<num_items, kQuantizedDecodeWarps * 32, kSmem, stream>>>(params);
       check_cuda(cudaGetLastError(), "decode_int2_kernel launch");
     } else {
       using C = DecodeFp8Config<kHeadDim>;
@@ -89,8 +91,10 @@ int decode_quantized_ctas_per_sm(KvQuant quant, DType dtype, int head_dim) {
   int ctas = 0;
   dispatch(dtype, head_dim, "quantized decode occupancy", [&]<typename T, int kHeadDim>() {
     if (quant == KvQuant::kInt2) {
+      constexpr int kSmem = DecodeInt2Stage<kHeadDim>::kSmemBytes;
+      allow_dynamic_shared_memory<decode_int2_kernel<T, kHeadDim>, kSmem>("cudaFuncSetAttribute(decode_int2_kernel)");
       check_cuda(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&ctas, decode_int2_kernel<T, kHeadDim>,
-                                                               kQuantizedDecodeWarps * 32, 0),
+                                                               kQuantizedDecodeWarps * 32, kSmem),
                  "cudaOccupancyMaxActiveBlocksPerMultiprocessor");
     } else {
       using C = DecodeFp8Config<kHeadDim>;

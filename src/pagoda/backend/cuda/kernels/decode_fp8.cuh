@@ -1,10 +1,17 @@
 // decode_fp8_kernel: paged decode attention on an fp8 (e4m3) KV cache with one scale per (token,
 // kv head). The structure of decode_tiled_kernel (one CTA per work item, the group's rows on the
-// n = 8 side of mma.sync m16n8k16, a cp.async pipeline of 64-token tiles, fp32 online softmax)
-// with one more step per tile: the landed fp8 tile is widened to T in a second shared-memory
-// buffer (e4m3 is exact in f16 and bf16), where the f16 kernel's ldmatrix reads it. The scales
-// stay out of the MMAs: K's multiplies the token's score, V's the token's softmax numerator
-// before P is rounded to T (the softmax denominator takes the unscaled numerator).
+// n = 8 side of mma.sync m16n8k16, a cp.async pipeline of 64-token tiles, fp32 online softmax),
+// with the codes kept in fp8 in shared memory and widened to T in registers (e4m3 is exact in f16
+// and bf16), straight from ldmatrix:
+//   K: ldmatrix of fp8 rows read as b16 gives lane (g, t) 4 consecutive dims 4t..4t+3 of token g;
+//      widened, they are the A registers of k slots (2t, 2t + 1) and (2t + 8, 2t + 9). The MMA
+//      sums over k in any order, so q's B registers are read in that same order (dims 4t, 4t + 1
+//      and 4t + 2, 4t + 3 of each 16).
+//   V: ldmatrix.trans gives lane (g, t) dims 2g, 2g + 1 of tokens 2t, 2t + 1; one byte permute
+//      makes them the A registers of M rows "dim 2g" and "dim 2g + 1" (O^T's rows are dims in that
+//      order, undone when o is stored).
+// The scales stay out of the MMAs: K's multiplies the token's score, V's the token's softmax
+// numerator before P is rounded to T (the softmax denominator takes the unscaled numerator).
 //
 // Bytes: per token and kv head 2 x (d + 4), + q and out. FLOPs: 4 x L x Hq x d per sequence.
 #pragma once
@@ -13,6 +20,7 @@
 
 #include <cmath>
 #include <cstdint>
+#include <type_traits>
 
 #include "pagoda/backend/cuda/kernels/decode_int2.cuh"
 #include "pagoda/backend/cuda/kernels/ptx.cuh"
@@ -29,30 +37,29 @@ struct DecodeFp8Config {
   static constexpr int kCodeTileBytes = kTileTokens * kHeadDim;   // K or V codes of one tile
   static constexpr int kScaleTileBytes = kTileTokens * 4;         // K or V scales of one tile
   static constexpr int kStageBytes = 2 * (kCodeTileBytes + kScaleTileBytes);
-  static constexpr int kRowBytes = kHeadDim * 2;                  // a widened row
-  static constexpr int kWideTileBytes = kTileTokens * kRowBytes;
-  static constexpr int kPipelineBytes = kStages * kStageBytes + 2 * kWideTileBytes;
+  static constexpr int kPipelineBytes = kStages * kStageBytes;
   static constexpr int kReduceBytes = kWarps * 8 * (kHeadDim + 2) * 4;
   static constexpr int kSmemBytes = kPipelineBytes > kReduceBytes ? kPipelineBytes : kReduceBytes;
-  static_assert(kHeadDim % 64 == 0, "the swizzle needs at least 8 chunks per row");
+  static_assert(kHeadDim == 64 || kHeadDim == 128, "the swizzle is for rows of 4 or 8 chunks");
+  // 16-byte chunk c of fp8 row r is stored at chunk swizzle(r, c), so that the 8 rows of each
+  // ldmatrix matrix (one chunk of 8 consecutive rows) fall in 8 distinct bank groups.
+  static __device__ __forceinline__ int swizzle(int row, int chunk) {
+    return kHeadDim == 128 ? chunk ^ (row & 7) : chunk ^ ((row >> 1) & 3);
+  }
 };
 
 namespace kernels {
 
-// 8 e4m3 codes (a uint2) to 8 T, exactly.
+// Two e4m3 codes (the low 16 bits of x) to a pair of T, exactly.
 template <typename T>
-__device__ __forceinline__ uint4 widen_e4m3(uint2 codes) {
-  const uint32_t words[2] = {codes.x, codes.y};
-  uint32_t out[4];
-#pragma unroll
-  for (int w = 0; w < 2; ++w)
-#pragma unroll
-    for (int hlf = 0; hlf < 2; ++hlf) {
-      const __half2_raw raw = __nv_cvt_fp8x2_to_halfraw2(__nv_fp8x2_storage_t(words[w] >> (16 * hlf)), __NV_E4M3);
-      const float2 f = __half22float2(__half2(raw));
-      out[2 * w + hlf] = ptx::pack2<T>(f.x, f.y);
-    }
-  return uint4{out[0], out[1], out[2], out[3]};
+__device__ __forceinline__ uint32_t widen_e4m3x2(uint32_t x) {
+  const __half2_raw raw = __nv_cvt_fp8x2_to_halfraw2(__nv_fp8x2_storage_t(x & 0xffff), __NV_E4M3);
+  if constexpr (std::is_same_v<T, __half>) {
+    return uint32_t(raw.x) | (uint32_t(raw.y) << 16);
+  } else {
+    const float2 f = __half22float2(__half2(raw));
+    return ptx::pack2<T>(f.x, f.y);
+  }
 }
 
 }  // namespace kernels
@@ -80,16 +87,15 @@ __global__ void __launch_bounds__(DecodeFp8Config<kHeadDim>::kThreads) decode_fp
   const float* ks_head = pool.k_fp8_scale + item.kv_head * pool.fp8_scale_head;
   const float* vs_head = pool.v_fp8_scale + item.kv_head * pool.fp8_scale_head;
   const uint32_t smem_base = ptx::smem_address(smem);
-  const uint32_t wide_base = smem_base + C::kStages * C::kStageBytes;
 
   uint32_t q_frag[kDimTiles][2];
   {
     const int64_t q_row = int64_t(item.seq) * p.num_q_heads + int64_t(item.kv_head) * p.group + g;
     const uint32_t* q = reinterpret_cast<const uint32_t*>(static_cast<const T*>(p.q) + q_row * kHeadDim);
 #pragma unroll
-    for (int ks = 0; ks < kDimTiles; ++ks) {
-      q_frag[ks][0] = g < p.group ? q[ks * 8 + t] : 0u;
-      q_frag[ks][1] = g < p.group ? q[ks * 8 + 4 + t] : 0u;
+    for (int ks = 0; ks < kDimTiles; ++ks) {  // dims 16 ks + 4t, + 1 and 16 ks + 4t + 2, + 3
+      q_frag[ks][0] = g < p.group ? q[ks * 8 + 2 * t] : 0u;
+      q_frag[ks][1] = g < p.group ? q[ks * 8 + 2 * t + 1] : 0u;
     }
   }
 
@@ -113,7 +119,7 @@ __global__ void __launch_bounds__(DecodeFp8Config<kHeadDim>::kThreads) decode_fp
       const int64_t offset =
           valid ? int64_t(blocks[token >> block_log2]) * pool.k_codes_block + (token & block_mask) * kHeadDim + chunk * 16
                 : 0;
-      const uint32_t dst = row * kHeadDim + chunk * 16;
+      const uint32_t dst = row * kHeadDim + C::swizzle(row, chunk) * 16;
       ptx::cp_async_16(k_dst + dst, k_head + offset, valid ? 16 : 0);
       ptx::cp_async_16(v_dst + dst, v_head + offset, valid ? 16 : 0);
     }
@@ -130,20 +136,6 @@ __global__ void __launch_bounds__(DecodeFp8Config<kHeadDim>::kThreads) decode_fp
       ptx::cp_async_16(dst, src, valid ? 16 : 0);
     }
   };
-  // The landed codes of `stage` widened to T in the swizzled layout decode_tiled_kernel reads.
-  auto widen_tile = [&](int stage) {
-    const uint8_t* codes = smem + stage * C::kStageBytes;
-    constexpr int kUnits = 2 * C::kTileTokens * (kHeadDim / 8);  // 8 codes each, K then V
-    for (int u = tid; u < kUnits; u += C::kThreads) {
-      const int kv = u / (C::kTileTokens * (kHeadDim / 8));
-      const int rest = u % (C::kTileTokens * (kHeadDim / 8));
-      const int row = rest / (kHeadDim / 8), c8 = rest % (kHeadDim / 8);
-      const uint2 raw = *reinterpret_cast<const uint2*>(codes + kv * C::kCodeTileBytes + row * kHeadDim + c8 * 8);
-      *reinterpret_cast<uint4*>(smem + C::kStages * C::kStageBytes + kv * C::kWideTileBytes + row * C::kRowBytes +
-                                ((c8 ^ (row & 7)) << 4)) = kernels::widen_e4m3<T>(raw);
-    }
-  };
-
   float o_acc[kDimTiles][4] = {};
   float row_max[2] = {-INFINITY, -INFINITY};
   float row_sum[2] = {0.f, 0.f};
@@ -153,17 +145,23 @@ __global__ void __launch_bounds__(DecodeFp8Config<kHeadDim>::kThreads) decode_fp
     if (slice >= num_tokens) return;
     const float* k_scales = reinterpret_cast<const float*>(smem + stage * C::kStageBytes + 2 * C::kCodeTileBytes);
     const float* v_scales = k_scales + C::kTileTokens;
-    const uint32_t k_src = wide_base;
-    const uint32_t v_src = wide_base + C::kWideTileBytes;
-    const int i = lane / 8;
+    const uint32_t k_src = smem_base + stage * C::kStageBytes;
+    const uint32_t v_src = k_src + C::kCodeTileBytes;
+    const int i = lane / 8;  // which of ldmatrix's four matrices this lane addresses
+    const int row = warp * 16 + (i & 1) * 8 + (lane & 7);  // tokens 0-7 or 8-15 of the warp's slice
     float s[4] = {0.f, 0.f, 0.f, 0.f};
 #pragma unroll
-    for (int ks = 0; ks < kDimTiles; ++ks) {
-      const int row = warp * 16 + (i & 1) * 8 + (lane & 7);
-      const int chunk = 2 * ks + (i >> 1);
-      uint32_t a[4];
-      ptx::ldmatrix_x4(a, k_src + row * C::kRowBytes + ((chunk ^ (row & 7)) << 4));
-      ptx::mma_16x8x16<T>(s, a, q_frag[ks][0], q_frag[ks][1]);
+    for (int kp = 0; kp < kDimTiles / 2; ++kp) {  // 32 dims: chunks 2 kp and 2 kp + 1
+      const int chunk = 2 * kp + (i >> 1);
+      uint32_t r[4];
+      ptx::ldmatrix_x4(r, k_src + row * kHeadDim + (C::swizzle(row, chunk) << 4));
+#pragma unroll
+      for (int half = 0; half < 2; ++half) {
+        const uint32_t a[4] = {kernels::widen_e4m3x2<T>(r[2 * half]), kernels::widen_e4m3x2<T>(r[2 * half + 1]),
+                               kernels::widen_e4m3x2<T>(r[2 * half] >> 16),
+                               kernels::widen_e4m3x2<T>(r[2 * half + 1] >> 16)};
+        ptx::mma_16x8x16<T>(s, a, q_frag[2 * kp + half][0], q_frag[2 * kp + half][1]);
+      }
     }
     const float ks_lo = k_scales[warp * 16 + g], ks_hi = k_scales[warp * 16 + g + 8];
     const float vs_lo = v_scales[warp * 16 + g], vs_hi = v_scales[warp * 16 + g + 8];
@@ -195,12 +193,19 @@ __global__ void __launch_bounds__(DecodeFp8Config<kHeadDim>::kThreads) decode_fp
     const uint32_t p_b0 = ptx::movmatrix_trans(ptx::pack2<T>(p_lo[0] * w_lo, p_lo[1] * w_lo));
     const uint32_t p_b1 = ptx::movmatrix_trans(ptx::pack2<T>(p_hi[0] * w_hi, p_hi[1] * w_hi));
 #pragma unroll
-    for (int m = 0; m < kDimTiles; ++m) {
-      const int row = warp * 16 + (i >> 1) * 8 + (lane & 7);
-      const int chunk = 2 * m + (i & 1);
-      uint32_t a[4];
-      ptx::ldmatrix_x4_trans(a, v_src + row * C::kRowBytes + ((chunk ^ (row & 7)) << 4));
-      ptx::mma_16x8x16<T>(o_acc[m], a, p_b0, p_b1);
+    for (int mp = 0; mp < kDimTiles / 2; ++mp) {  // chunks 2 mp and 2 mp + 1: 16 dims each
+      const int chunk = 2 * mp + (i >> 1);
+      uint32_t r[4];
+      ptx::ldmatrix_x4_trans(r, v_src + row * kHeadDim + (C::swizzle(row, chunk) << 4));
+#pragma unroll
+      for (int half = 0; half < 2; ++half) {
+        // r[2 half]: tokens 2t, 2t + 1 (bytes 0-1: dims 2g, 2g + 1 of token 2t; 2-3: of 2t + 1);
+        // r[2 half + 1]: tokens 8 + 2t, 9 + 2t.
+        const uint32_t lo = __byte_perm(r[2 * half], 0, 0x3120), hi = __byte_perm(r[2 * half + 1], 0, 0x3120);
+        const uint32_t a[4] = {kernels::widen_e4m3x2<T>(lo), kernels::widen_e4m3x2<T>(lo >> 16),
+                               kernels::widen_e4m3x2<T>(hi), kernels::widen_e4m3x2<T>(hi >> 16)};
+        ptx::mma_16x8x16<T>(o_acc[2 * mp + half], a, p_b0, p_b1);
+      }
     }
   };
 
@@ -211,12 +216,10 @@ __global__ void __launch_bounds__(DecodeFp8Config<kHeadDim>::kThreads) decode_fp
   }
   for (int tile = 0; tile < num_tiles; ++tile) {
     ptx::cp_async_wait<C::kStages - 2>();
-    __syncthreads();  // the tile landed; every warp is done with the previous wide tile
+    __syncthreads();  // the tile landed; every warp is done with the stage loaded next
     const int next = tile + C::kStages - 1;
     if (next < num_tiles) load_tile(next, next % C::kStages);
     ptx::cp_async_commit();
-    widen_tile(tile % C::kStages);
-    __syncthreads();
     compute_tile(tile, tile % C::kStages);
   }
 
@@ -234,7 +237,7 @@ __global__ void __launch_bounds__(DecodeFp8Config<kHeadDim>::kThreads) decode_fp
 #pragma unroll
   for (int m = 0; m < kDimTiles; ++m)
 #pragma unroll
-    for (int e = 0; e < 4; ++e) red_o[(warp * 8 + 2 * t + (e & 1)) * kHeadDim + 16 * m + g + (e >> 1) * 8] = o_acc[m][e];
+    for (int e = 0; e < 4; ++e) red_o[(warp * 8 + 2 * t + (e & 1)) * kHeadDim + 16 * m + 2 * g + (e >> 1)] = o_acc[m][e];
   if (g == 0) {
 #pragma unroll
     for (int j = 0; j < 2; ++j) {

@@ -18,6 +18,11 @@
 // register is one 32-bit load. The open V partition of a sequence (fewer than Π tokens) is read
 // from the f16 tail and weighted by fp32 P on the CUDA cores.
 //
+// Loads: a partition's K and V codes and metadata are six contiguous runs (5.3 KB at d = 128);
+// each warp copies its own next partition with cp.async into its own shared-memory stage while it
+// computes the current one, so no warp waits on memory between partitions and the CTA needs no
+// barrier until the epilogue.
+//
 // Bytes: per token and kv head, K: d/4 codes + d/Π x (2 + 2 + 1) metadata; V: d/4 codes + d x 5
 // / Π; + q and out. FLOPs: 4 x L x Hq x d integer MACs (as 2 bytes-ops each) per sequence.
 #pragma once
@@ -49,8 +54,28 @@ __device__ __forceinline__ int mma_order(int e) { return ((e / 16) * 4 + e % 4) 
 
 }  // namespace kernels
 
+// One warp's stage: a partition's codes and metadata as they lie in the pool.
+template <int kHeadDim>
+struct DecodeInt2Stage {
+  static constexpr int kParts = kHeadDim / kInt2Partition;  // K partitions per token
+  static constexpr int kKCodes = 0;                                   // [64 tokens][d / 4]
+  static constexpr int kVCodes = kKCodes + kInt2Partition * kHeadDim / 4;  // [d channels][16]
+  static constexpr int kKMin = kVCodes + kHeadDim * kInt2Partition / 4;     // [64][kParts] f16
+  static constexpr int kKScale = kKMin + kInt2Partition * kParts * 2;
+  static constexpr int kKSums = kKScale + kInt2Partition * kParts * 2;      // [64][kParts] u8
+  static constexpr int kVMin = kKSums + kInt2Partition * kParts;            // [d] f16
+  static constexpr int kVScale = kVMin + kHeadDim * 2;
+  static constexpr int kVSums = kVScale + kHeadDim * 2;                      // [d] u8
+  static constexpr int kBytes = kVSums + kHeadDim;
+  static constexpr int kStages = 2;
+  static constexpr int kReduceBytes = kQuantizedDecodeWarps * 8 * kHeadDim * 4;
+  static constexpr int kPipelineBytes = kQuantizedDecodeWarps * kStages * kBytes;
+  static constexpr int kSmemBytes = kPipelineBytes > kReduceBytes ? kPipelineBytes : kReduceBytes;
+  static_assert(kBytes % 16 == 0 && kKMin % 16 == 0 && kKSums % 16 == 0 && kVMin % 16 == 0 && kVSums % 16 == 0);
+};
+
 template <typename T, int kHeadDim>
-__global__ void __launch_bounds__(kQuantizedDecodeWarps * 32) decode_int2_kernel(const QuantizedDecodeParams qp) {
+__global__ void __launch_bounds__(kQuantizedDecodeWarps * 32, 3) decode_int2_kernel(const QuantizedDecodeParams qp) {
   constexpr int kWarps = kQuantizedDecodeWarps;
   constexpr int kPart = kInt2Partition;
   constexpr int kChunks = kHeadDim / kPart;  // K partitions per token
@@ -62,8 +87,9 @@ __global__ void __launch_bounds__(kQuantizedDecodeWarps * 32) decode_int2_kernel
   __shared__ int32_t q_sum[8][kChunks];
   __shared__ uint32_t p_words[kWarps][8][kPart / 4];
   __shared__ float p_open[kWarps][8][kPart];
-  __shared__ float red_o[kWarps][8][kHeadDim];
   __shared__ float red_max[kWarps][8], red_sum[kWarps][8];
+  using S = DecodeInt2Stage<kHeadDim>;
+  extern __shared__ __align__(128) uint8_t stages[];  // [warp][stage][S::kBytes], then the epilogue's o
 
   ptx::launch_dependents();
   const attention::WorkItem item = p.items[blockIdx.x];
@@ -129,45 +155,81 @@ __global__ void __launch_bounds__(kQuantizedDecodeWarps * 32) decode_int2_kernel
   float row_max[2] = {-INFINITY, -INFINITY};
   float row_sum[2] = {0.f, 0.f};
 
-  for (int part = warp; part < num_parts; part += kWarps) {
+  // The warp's partitions are warp, warp + 4, ...; its i-th goes to stage i % kStages.
+  uint8_t* my_stages = stages + warp * S::kStages * S::kBytes;
+  auto issue = [&](int i) {
+    const int part = warp + i * kWarps;
+    if (part < num_parts) {
+      const int64_t block = blocks[part];
+      const uint32_t dst = ptx::smem_address(my_stages + (i % S::kStages) * S::kBytes);
+      auto copy = [&](int offset, const void* src, int bytes) {
+        for (int c = lane; c < bytes / 16; c += 32)
+          ptx::cp_async_16(dst + offset + 16 * c, static_cast<const uint8_t*>(src) + 16 * c, 16);
+      };
+      const int64_t k_meta = block * pool.k_meta_block + h * pool.k_meta_head;
+      const int64_t v_meta = block * pool.v_meta_block + h * pool.v_meta_head;
+      copy(S::kKCodes, pool.k_codes + block * pool.k_codes_block + h * pool.k_codes_head, S::kVCodes - S::kKCodes);
+      copy(S::kVCodes, pool.v_codes + block * pool.v_codes_block + h * pool.v_codes_head, S::kKMin - S::kVCodes);
+      copy(S::kKMin, pool.k_min + k_meta, S::kKScale - S::kKMin);
+      copy(S::kKScale, pool.k_scale + k_meta, S::kKSums - S::kKScale);
+      copy(S::kKSums, pool.k_sums + k_meta, S::kVMin - S::kKSums);
+      copy(S::kVMin, pool.v_min + v_meta, S::kVScale - S::kVMin);
+      copy(S::kVScale, pool.v_scale + v_meta, S::kVSums - S::kVScale);
+      copy(S::kVSums, pool.v_sums + v_meta, S::kBytes - S::kVSums);
+    }
+    ptx::cp_async_commit();  // one group per partition, empty past the end
+  };
+#pragma unroll 1
+  for (int i = 0; i < S::kStages - 1; ++i) issue(i);
+
+#pragma unroll 1
+  for (int i = 0, part = warp; part < num_parts; ++i, part += kWarps) {
+    ptx::cp_async_wait<S::kStages - 2>();
+    __syncwarp();  // the partition landed for every lane; the stage issued next was read before
+    issue(i + S::kStages - 1);
+    const uint8_t* stage = my_stages + (i % S::kStages) * S::kBytes;
     const int64_t block = blocks[part];
     const int valid = min(kPart, num_tokens - part * kPart);
     const bool sealed = valid == kPart;  // only a sequence's last partition can be open
-    const uint8_t* k_base = pool.k_codes + block * pool.k_codes_block + h * pool.k_codes_head;
-    const uint8_t* v_base = pool.v_codes + block * pool.v_codes_block + h * pool.v_codes_head;
+    const uint8_t* k_base = stage + S::kKCodes;
+    const uint8_t* v_base = stage + S::kVCodes;
+    const __half* k_min_s = reinterpret_cast<const __half*>(stage + S::kKMin);
+    const __half* k_scale_s = reinterpret_cast<const __half*>(stage + S::kKScale);
+    const uint8_t* k_sums_s = stage + S::kKSums;
+    const __half* v_min_s = reinterpret_cast<const __half*>(stage + S::kVMin);
+    const __half* v_scale_s = reinterpret_cast<const __half*>(stage + S::kVScale);
+    const uint8_t* v_sums_s = stage + S::kVSums;
     uint32_t k_lo[4][kChunks], k_hi[4][kChunks];  // tokens 16 tt + g (+ 8), bytes 16 c + 4 t
 #pragma unroll
     for (int tt = 0; tt < 4; ++tt)
 #pragma unroll
       for (int c = 0; c < kChunks; ++c) {
-        k_lo[tt][c] = __ldg(reinterpret_cast<const uint32_t*>(k_base + (16 * tt + g) * (kHeadDim / 4) + 16 * c + 4 * t));
-        k_hi[tt][c] =
-            __ldg(reinterpret_cast<const uint32_t*>(k_base + (16 * tt + g + 8) * (kHeadDim / 4) + 16 * c + 4 * t));
+        k_lo[tt][c] = *reinterpret_cast<const uint32_t*>(k_base + (16 * tt + g) * (kHeadDim / 4) + 16 * c + 4 * t);
+        k_hi[tt][c] = *reinterpret_cast<const uint32_t*>(k_base + (16 * tt + g + 8) * (kHeadDim / 4) + 16 * c + 4 * t);
       }
     uint32_t v_lo[kDimTiles], v_hi[kDimTiles];  // channels 16 m + g (+ 8), tokens 16 t ...
     if (sealed) {
 #pragma unroll
       for (int m = 0; m < kDimTiles; ++m) {
-        v_lo[m] = __ldg(reinterpret_cast<const uint32_t*>(v_base + (16 * m + g) * (kPart / 4) + 4 * t));
-        v_hi[m] = __ldg(reinterpret_cast<const uint32_t*>(v_base + (16 * m + g + 8) * (kPart / 4) + 4 * t));
+        v_lo[m] = *reinterpret_cast<const uint32_t*>(v_base + (16 * m + g) * (kPart / 4) + 4 * t);
+        v_hi[m] = *reinterpret_cast<const uint32_t*>(v_base + (16 * m + g + 8) * (kPart / 4) + 4 * t);
       }
     }
 
     // Scores of the partition's 64 tokens: s[tt][e] is token 16 tt + g + 8 (e / 2), row 2t + e % 2.
     float s[4][4];
-    const int64_t k_meta = block * pool.k_meta_block + h * pool.k_meta_head;
 #pragma unroll
     for (int tt = 0; tt < 4; ++tt) {
       // Metadata of tokens 16 tt + g (+ 8), every partition: kChunks f16 / sums are adjacent.
       float k_min[2][kChunks], k_scale[2][kChunks], k_sum[2][kChunks];
 #pragma unroll
       for (int half = 0; half < 2; ++half) {
-        const int64_t at = k_meta + int64_t(16 * tt + g + 8 * half) * kChunks;
+        const int at = (16 * tt + g + 8 * half) * kChunks;
 #pragma unroll
         for (int c = 0; c < kChunks; ++c) {
-          k_min[half][c] = __half2float(pool.k_min[at + c]);
-          k_scale[half][c] = __half2float(pool.k_scale[at + c]);
-          k_sum[half][c] = float(pool.k_sums[at + c]);
+          k_min[half][c] = __half2float(k_min_s[at + c]);
+          k_scale[half][c] = __half2float(k_scale_s[at + c]);
+          k_sum[half][c] = float(k_sums_s[at + c]);
         }
       }
 #pragma unroll
@@ -234,16 +296,19 @@ __global__ void __launch_bounds__(kQuantizedDecodeWarps * 32) decode_int2_kernel
     }
 
     if (sealed) {
-      // P to uint8 per row over the partition, into shared memory in MMA order.
+      // P to uint8 per row over the partition, into shared memory in MMA order. A multiply by the
+      // step's reciprocal, not the CPU's division: a code may differ by one where a numerator sits
+      // on a rounding boundary, within the one step per token the tests allow for P.
       uint8_t* bytes = reinterpret_cast<uint8_t*>(p_words[warp]);
 #pragma unroll
       for (int j = 0; j < 2; ++j) {
         int32_t sum = 0;
+        const float inverse = p_scale[j] > 0.f ? 1.f / p_scale[j] : 0.f;
 #pragma unroll
         for (int tt = 0; tt < 4; ++tt)
 #pragma unroll
           for (int half = 0; half < 2; ++half) {
-            const float ratio = p_scale[j] > 0.f ? __fdiv_rn(__fsub_rn(s[tt][2 * half + j], p_lo[j]), p_scale[j]) : 0.f;
+            const float ratio = (s[tt][2 * half + j] - p_lo[j]) * inverse;
             const int32_t code = int32_t(rintf(ratio > 0.f ? fminf(ratio, 255.f) : 0.f));
             sum += code;
             bytes[(2 * t + j) * kPart + kernels::mma_order(16 * tt + g + 8 * half)] = uint8_t(code);
@@ -259,7 +324,6 @@ __global__ void __launch_bounds__(kQuantizedDecodeWarps * 32) decode_int2_kernel
       float p_term[2];  // regrouped as for the scores: v_min (Π p_min + p_scale sum p') + ...
 #pragma unroll
       for (int j = 0; j < 2; ++j) p_term[j] = float(kPart) * p_lo[j] + p_scale[j] * p_sum[j];
-      const int64_t v_meta = block * pool.v_meta_block + h * pool.v_meta_head;
 #pragma unroll
       for (int m = 0; m < kDimTiles; ++m) {
         int32_t dot[4] = {0, 0, 0, 0};
@@ -271,9 +335,9 @@ __global__ void __launch_bounds__(kQuantizedDecodeWarps * 32) decode_int2_kernel
         }
 #pragma unroll
         for (int half = 0; half < 2; ++half) {
-          const int64_t at = v_meta + 16 * m + g + 8 * half;
-          const float v_min = __half2float(pool.v_min[at]), v_scale = __half2float(pool.v_scale[at]);
-          const float v_sum = float(pool.v_sums[at]);
+          const int at = 16 * m + g + 8 * half;
+          const float v_min = __half2float(v_min_s[at]), v_scale = __half2float(v_scale_s[at]);
+          const float v_sum = float(v_sums_s[at]);
 #pragma unroll
           for (int j = 0; j < 2; ++j)
             o_acc[m][2 * half + j] +=
@@ -305,13 +369,17 @@ __global__ void __launch_bounds__(kQuantizedDecodeWarps * 32) decode_int2_kernel
     }
   }
 
-  // Epilogue: each warp's state per row, then ⊕ over the warps (as decode_tiled_kernel).
+  // Epilogue: each warp's state per row, then ⊕ over the warps (as decode_tiled_kernel), o in
+  // the stages' memory once every copy has landed.
 #pragma unroll
   for (int j = 0; j < 2; ++j) {
     row_sum[j] += __shfl_xor_sync(0xffffffffu, row_sum[j], 4);
     row_sum[j] += __shfl_xor_sync(0xffffffffu, row_sum[j], 8);
     row_sum[j] += __shfl_xor_sync(0xffffffffu, row_sum[j], 16);
   }
+  ptx::cp_async_wait<0>();
+  __syncthreads();
+  auto red_o = reinterpret_cast<float(*)[8][kHeadDim]>(stages);  // [warp][row][d]
 #pragma unroll
   for (int m = 0; m < kDimTiles; ++m)
 #pragma unroll
