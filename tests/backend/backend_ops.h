@@ -34,7 +34,8 @@
 // by Elementwise; allocate_kv_cache, copy_kv_block, kv_page_bytes, read_kv_pages, write_kv_pages,
 // rope_append_kv and attention (prefill, paged decode, prefix-aware decode, copy on write, a
 // block moved through host pages) by AttentionSteps, whose graph kinds also run
-// run_graph and read graph_stats; device_info, prefix_planning and graph_rows by Queries;
+// run_graph and read graph_stats; the same on an fp8 or int2 cache by QuantizedAttentionSteps
+// (quantized_kv_steps.h); device_info, prefix_planning and graph_rows by Queries;
 // can_sample and sample by Sample.
 //
 // Adding an op (a new Backend method, or a new dtype or shape of one: quantized KV, collectives):
