@@ -34,7 +34,8 @@
 // by Elementwise; allocate_kv_cache, copy_kv_block, kv_page_bytes, read_kv_pages, write_kv_pages,
 // rope_append_kv and attention (prefill, paged decode, prefix-aware decode, copy on write, a
 // block moved through host pages) by AttentionSteps, whose graph kinds also run
-// run_graph and read graph_stats; device_info, prefix_planning and graph_rows by Queries;
+// run_graph and read graph_stats; the same on an fp8 or int2 cache by QuantizedAttentionSteps
+// (quantized_kv_steps.h); device_info, prefix_planning and graph_rows by Queries;
 // can_sample and sample by Sample.
 //
 // Adding an op (a new Backend method, or a new dtype or shape of one: quantized KV, collectives):
@@ -215,6 +216,20 @@ class Report {
       if (!(error <= bound) && failures_++ < 5) {
         ADD_FAILURE() << op_ << ": " << what << "[" << i << "] = " << got[i] << ", reference " << ref[i]
                       << ", |error| " << error << " > tolerance " << bound;
+      }
+    }
+  }
+
+  // The same with each element's bound given (an op whose tolerance has terms of its own).
+  void within(const std::string& what, std::span<const double> got, std::span<const double> ref,
+              std::span<const double> bound) {
+    ASSERT_EQ(got.size(), ref.size()) << op_ << " " << what;
+    for (size_t i = 0; i < got.size(); ++i) {
+      const double error = std::abs(got[i] - ref[i]);
+      worst_ = std::max(worst_, std::isfinite(error) ? error / bound[i] : std::numeric_limits<double>::infinity());
+      if (!(error <= bound[i]) && failures_++ < 5) {
+        ADD_FAILURE() << op_ << ": " << what << "[" << i << "] = " << got[i] << ", reference " << ref[i]
+                      << ", |error| " << error << " > tolerance " << bound[i];
       }
     }
   }
@@ -1140,6 +1155,12 @@ class Queries final : public OpTest {
   double bytes() const override { return 0; }
 };
 
+}  // namespace pagoda::backend_ops
+
+#include "quantized_kv_steps.h"  // the quantized-KV rows, written against the classes above
+
+namespace pagoda::backend_ops {
+
 // ---- The tables ------------------------------------------------------------------------------
 
 // Small shapes (the CPU runs them in CI), with the odd sizes and dtypes that take other paths.
@@ -1179,6 +1200,11 @@ inline std::vector<std::unique_ptr<OpTest>> correctness_table() {
   }
   add(new Sample(1000, 3));
   add(new Sample(32000, 0));
+  add(new QuantizedAttentionSteps(KvQuant::kFp8, attention_shape(4, 2, 64, 16), false));
+  add(new QuantizedAttentionSteps(KvQuant::kFp8, attention_shape(8, 2, 128, 64), true));
+  add(new QuantizedAttentionSteps(KvQuant::kInt2, attention_shape(4, 2, 64, 64), false));
+  add(new QuantizedAttentionSteps(KvQuant::kInt2, attention_shape(8, 2, 128, 64), true));
+  add(new QuantizedAttentionSteps(KvQuant::kInt2, attention_shape(4, 4, 128, 64), true));
   return t;
 }
 

@@ -116,8 +116,12 @@ TEST(Cli, BenchAttentionRejectsBadFlags) {
   expect_error("bench attention --variants fast", "unknown variant");
   expect_error("bench attention --head-dim 96", "head_dim must be");
   expect_error("bench attention --min-split-tokens 0", "min-split-tokens");
+  expect_error("bench attention --kv-cache-dtype f16,int4 --block-size 64", "not f16, fp8 or int2");
+  expect_error("bench attention --kv-cache-dtype int2,f16 --block-size 64", "f16 first");
+  expect_error("bench attention --kv-cache-dtype f16,int2", "--block-size 64");
 #else
   expect_error("bench attention", "without CUDA");
+  expect_error("bench attention --kv-cache-dtype f16,int2 --block-size 64", "without CUDA");
 #endif
 }
 

@@ -535,6 +535,7 @@ void run_sweep(AttentionBenchOptions flags, bool max_kv_given) {
 }  // namespace
 
 void run_attention_bench(const AttentionBenchOptions& options) {
+  if (options.kv_cache_dtypes != std::vector<std::string>{"f16"}) return run_attention_kv_dtype_bench(options);
 #if PAGODA_HAVE_CUDA
   run_sweep(options, options.max_kv_given);
 #else

@@ -29,10 +29,16 @@ struct AttentionBenchOptions {
   double max_kv_gb = 0;  // 0: 70% of free device memory
   bool baseline_all = false;
   bool max_kv_given = false;  // --max-kv-gb was given
+  // More than f16: compare the KV dtypes instead (attention_kv_dtypes.cpp), f16 first.
+  std::vector<std::string> kv_cache_dtypes{"f16"};
 };
 
 // Runs the sweep, prints its table and writes its JSON. Throws Error(kInvalidArgument) for options
 // out of range, Error(kUnsupported) in a build without CUDA.
 void run_attention_bench(const AttentionBenchOptions& options);
+
+// The KV-dtype comparison of --kv-cache-dtype f16,fp8,int2: each dtype's median, the fraction of
+// its own streaming bound, and its speedup over f16 (run_attention_bench calls it).
+void run_attention_kv_dtype_bench(const AttentionBenchOptions& options);
 
 }  // namespace pagoda::bench

@@ -42,6 +42,11 @@ void register_bench_attention(CLI::App& bench_cmd) {
                   "L2 prefetch distance: 64-token tiles ahead (tiled) or per-warp blocks ahead (baseline); 0: each "
                   "kernel's default")
       ->capture_default_str();
+  cmd->add_option("--kv-cache-dtype", flags->kv_cache_dtypes,
+                  "KV dtypes to compare, f16 first (e.g. f16,fp8,int2; needs --block-size 64): each one's time, "
+                  "fraction of its own bound and speedup over f16, to bench/results/<device>/kv-quantization.json")
+      ->delimiter(',')
+      ->capture_default_str();
   cmd->add_option("--out", flags->out, "JSON results (default bench/results/<device>/attention.json)");
   cmd->add_option("--filter", flags->filter, "run only configs whose name (e.g. b64-c8192-h32/8) contains this");
   CLI::Option* max_kv = cmd->add_option("--max-kv-gb", flags->max_kv_gb,

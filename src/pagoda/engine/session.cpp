@@ -69,9 +69,13 @@ void parse_kv_cache_flags(const ModelFlags& flags, const ModelConfig& config, co
          "--kv-cache-dtype int2: --kv-partition {} does not divide the model's head_dim {} (K is partitioned along "
          "head_dim)", flags.kv_partition, config.head_dim);
   if (backend.device() == Device::kCuda) {
-    if (options.kv_quant != KvQuant::kNone)
-      fail(ErrorKind::kUnsupported, "--kv-cache-dtype {}: the CUDA backend has no {} KV kernels yet; use --backend cpu",
-           name, name);
+    // The GPU kernels' shapes (backend/cuda/quantized_kv.h), refused before the weights load.
+    if (options.kv_quant != KvQuant::kNone && config.head_dim != 64 && config.head_dim != 128)
+      fail(ErrorKind::kUnsupported, "--kv-cache-dtype {}: the CUDA backend's {} kernels take head_dim 64 or 128, not {}",
+           name, name, config.head_dim);
+    if (options.kv_quant == KvQuant::kInt2 && flags.kv_partition != 64)
+      fail(ErrorKind::kUnsupported, "--kv-cache-dtype int2: the CUDA backend's int2 kernels take --kv-partition 64, not {}",
+           flags.kv_partition);
     if (options.kv_dtype && *options.kv_dtype != weight_dtype)
       fail(ErrorKind::kUnsupported, "--kv-cache-dtype {}: the CUDA backend keeps KV in its activation dtype, {}", name,
            dtype_name(weight_dtype));

@@ -6,6 +6,7 @@
 
 #include "pagoda/backend/cuda/check.h"
 #include "pagoda/backend/cuda/layer_ops.h"
+#include "pagoda/backend/cuda/quantized_kv.h"
 #include "pagoda/core/error.h"
 
 namespace pagoda {
@@ -103,14 +104,18 @@ void CudaBackend::begin_step(const StepBatch& step) {
     decode_.upload(step.decode_plan, step.decode_batch, step.shape, stream_);
   }
   has_prefill_ = !step.prefill_seqs.empty();
+  // A quantized cache's prefill reads its blocks widened into a scratch pool, renumbered.
+  std::vector<int32_t> block_ids;
+  if (quantized_kv_) quantized_kv_->begin_step(step, block_ids, stream_);
   if (has_prefill_) {
     std::vector<cuda::PrefillChunk> chunks;
-    std::vector<int32_t> block_ids;
+    int32_t block_begin = 0;  // the chunks' tables follow one another in block_ids
     for (int32_t index : step.prefill_seqs) {
       const SequenceStep& s = step.sequences[size_t(index)];
       chunks.push_back({.row_begin = s.row_begin, .start_pos = s.start_pos, .num_new = s.num_new,
-                        .block_begin = int32_t(block_ids.size())});
-      block_ids.insert(block_ids.end(), s.block_ids.begin(), s.block_ids.end());
+                        .block_begin = block_begin});
+      block_begin += int32_t(s.block_ids.size());
+      if (!quantized_kv_) block_ids.insert(block_ids.end(), s.block_ids.begin(), s.block_ids.end());
     }
     prefill_.upload(chunks, block_ids, step.shape, stream_);
   }
@@ -164,9 +169,8 @@ void CudaBackend::silu_mul(const Tensor& gate_up, Tensor out) {
 void CudaBackend::add(Tensor x, const Tensor& y) { cuda::add(x.data, y.data, x.size(0), x.size(1), dtype_, stream_); }
 
 size_t CudaBackend::allocate_kv_cache(const kv::KvCacheConfig& config) {
-  if (config.quant != KvQuant::kNone)
-    fail(ErrorKind::kUnsupported, "cuda backend: no {} KV kernels yet (the CPU backend runs them)",
-         kv_quant_name(config.quant));
+  if (config.quant != KvQuant::kNone) return allocate_quantized_kv_cache(config);
+  quantized_kv_.reset();
   if (config.dtype != dtype_ || config.layout != KvLayout::kHnd)
     fail(ErrorKind::kInternal, "cuda backend: the KV cache is HND of the activation dtype");
   // The same cache for a new engine: keep it, and the graphs that point into it. A new one is
@@ -197,7 +201,25 @@ size_t CudaBackend::allocate_kv_cache(const kv::KvCacheConfig& config) {
   return kv_storage_->size();
 }
 
+size_t CudaBackend::allocate_quantized_kv_cache(const kv::KvCacheConfig& config) {
+  // The group is the model's, checked at each attention call; one stands in here.
+  const attention::AttentionShape shape{.num_q_heads = config.num_kv_heads, .num_kv_heads = config.num_kv_heads,
+                                        .head_dim = config.head_dim, .block_size = config.block_size};
+  if (const char* reason = cuda::quantized_kv_unsupported_reason(shape, config.quant, config.partition, dtype_))
+    fail(ErrorKind::kUnsupported, "cuda backend: {} KV cache: {}", kv_quant_name(config.quant), reason);
+  kv_storage_.reset();
+  kv_layers_.clear();
+  kv_maps_.clear();
+  quantized_kv_.reset();
+  quantized_kv_ = std::make_unique<cuda::QuantizedKvCache>(
+      config, dtype_, [this](size_t bytes) { return allocate(bytes); }, stream_);
+  kv_config_ = config;
+  device_info_ = cuda::decode_quantized_device_info(config.quant, dtype_, config.head_dim);
+  return quantized_kv_->nbytes();
+}
+
 void CudaBackend::copy_kv_block(int32_t src, int32_t dst) {
+  if (quantized_kv_) return quantized_kv_->copy_block(src, dst, stream_);
   for (const PagedKv& layer : kv_layers_) {
     const size_t page_bytes = size_t(layer.page_stride) * dtype_size(dtype_);
     for (void* pool : {layer.k, layer.v}) {
@@ -210,6 +232,9 @@ void CudaBackend::copy_kv_block(int32_t src, int32_t dst) {
 }
 
 size_t CudaBackend::kv_page_bytes() const {
+  if (quantized_kv_)
+    fail(ErrorKind::kUnsupported, "cuda backend: KV pages of an {} cache are not moved between servers",
+         kv_quant_name(kv_config_.quant));
   return size_t(kv_config_.block_size) * size_t(kv_config_.num_kv_heads) * size_t(kv_config_.head_dim) *
          dtype_size(dtype_);
 }
@@ -260,12 +285,29 @@ void CudaBackend::write_kv_pages(int layer, std::span<const int32_t> blocks, con
 void CudaBackend::rope_append_kv(int layer, const StepBatch& step, const Tensor& qkv, Tensor q) {
   check_dtype(qkv, "qkv");
   const attention::AttentionShape& shape = step.shape;
+  if (quantized_kv_) {
+    cuda::quantized_rope_append_kv(qkv.data, step.num_rows(), positions_.data(), slot_blocks_.data(),
+                                   rope_inv_freq_.data(), shape.num_q_heads, shape.num_kv_heads, shape.head_dim,
+                                   quantized_kv_->layer(layer), layer, kv_config_.seed, kv_config_.hadamard, dtype_,
+                                   q.data, stream_);
+    return;
+  }
   cuda::rope_append_kv(qkv.data, step.num_rows(), positions_.data(), slot_blocks_.data(), rope_inv_freq_.data(),
                        shape.num_q_heads, shape.num_kv_heads, shape.head_dim, kv_layers_.at(size_t(layer)), dtype_,
                        q.data, stream_);
 }
 
 void CudaBackend::attention(int layer, const StepBatch& step, const Tensor& q, Tensor out) {
+  if (quantized_kv_) {
+    if (prefix_step_) fail(ErrorKind::kUnsupported, "cuda backend: no prefix-aware attention on a quantized KV cache");
+    if (num_decode_ > 0)
+      cuda::decode_attention_quantized(decode_, step.shape, quantized_kv_->layer(layer), dtype_, q.data, out.data,
+                                       nullptr, stream_);
+    if (has_prefill_)
+      cuda::prefill_attention(prefill_, step.shape, quantized_kv_->widen_prefill_blocks(layer, stream_), q.data,
+                              out.data, stream_);
+    return;
+  }
   const PagedKv& kv = kv_layers_.at(size_t(layer));
   if (num_decode_ > 0 && prefix_step_) {
     cuda::prefix_attention(prefix_, step.shape, kv, kv_maps_.at(size_t(layer)), q.data, out.data, nullptr, stream_);
@@ -276,6 +318,7 @@ void CudaBackend::attention(int layer, const StepBatch& step, const Tensor& q, T
 }
 
 std::optional<Backend::PrefixPlanning> CudaBackend::prefix_planning(const attention::AttentionShape& shape) const {
+  if (quantized_kv_) return std::nullopt;
   if (cuda::prefix_shape_unsupported_reason(shape, dtype_)) return std::nullopt;
   try {
     const cuda::PrefixTiles tiles = cuda::prefix_tiles(shape, dtype_);

@@ -26,6 +26,7 @@
 #include "pagoda/backend/cuda/gemm.h"
 #include "pagoda/backend/cuda/graph_table.h"
 #include "pagoda/backend/cuda/prefill_attention.h"
+#include "pagoda/backend/cuda/quantized_kv_cache.h"
 #include "pagoda/backend/cuda/sampling.h"
 
 namespace pagoda {
@@ -82,6 +83,9 @@ class CudaBackend final : public Backend {
               std::span<int32_t> tokens) override;
 
   cudaStream_t stream() const { return stream_; }
+  // The fp8 or int2 cache's pools of `layer` (null without one): for tests that compare them with
+  // the CPU's byte for byte.
+  const cuda::QuantizedKvCache* quantized_kv_cache() const { return quantized_kv_.get(); }
   // Switches graph capture and replay on or off (tests compare the two on one backend, whose
   // GEMM algorithm choices then stay the same).
   void enable_graphs(bool on) { options_.graphs = on; }
@@ -91,6 +95,7 @@ class CudaBackend final : public Backend {
   // The generation of every buffer a padded decode step reads (GraphKey::generation): the sum of
   // counts that only grow, so it changes whenever one of them does.
   uint64_t buffers_generation() const;
+  size_t allocate_quantized_kv_cache(const kv::KvCacheConfig& config);
   std::byte* kv_staging(size_t bytes);
   void copy_kv_pages(int layer, std::span<const int32_t> blocks, std::byte* staging, bool to_device);
 
@@ -107,6 +112,7 @@ class CudaBackend final : public Backend {
   kv::KvCacheConfig kv_config_;
   std::shared_ptr<Buffer> kv_storage_;
   std::vector<PagedKv> kv_layers_;
+  std::unique_ptr<cuda::QuantizedKvCache> quantized_kv_;  // an fp8 or int2 cache instead of kv_layers_
   std::vector<cuda::KvTensorMaps> kv_maps_;  // kv_layers_' tensor maps, made at the first prefix step
   void* kv_staging_ = nullptr;  // pinned host memory for read_kv_pages / write_kv_pages
   size_t kv_staging_bytes_ = 0;
