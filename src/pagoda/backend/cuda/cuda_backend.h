@@ -32,6 +32,9 @@ namespace pagoda {
 
 struct CudaBackendOptions {
   bool graphs = true;  // capture decode steps into CUDA graphs (off: every op is launched each step)
+  // The GPU to run on, made the constructing thread's current device (every call must come from a
+  // thread whose current device it is: a tensor-parallel rank's own thread); -1: the current one.
+  int gpu = -1;
   cuda::DecodeOptions decode;
 };
 
@@ -82,6 +85,7 @@ class CudaBackend final : public Backend {
               std::span<int32_t> tokens) override;
 
   cudaStream_t stream() const { return stream_; }
+  int gpu() const { return gpu_; }  // the device stream() and every buffer are on
   // Switches graph capture and replay on or off (tests compare the two on one backend, whose
   // GEMM algorithm choices then stay the same).
   void enable_graphs(bool on) { options_.graphs = on; }
@@ -96,6 +100,7 @@ class CudaBackend final : public Backend {
 
   DType dtype_;
   CudaBackendOptions options_;
+  int gpu_ = 0;  // before gemm_: the GEMM workspace is allocated on it
   cudaStream_t stream_ = nullptr;
   cuda::Gemm gemm_;
 
