@@ -174,6 +174,8 @@ void run_allreduce_bench(const AllReduceBenchOptions& options) {
         auto time_graph = [&](const std::function<void()>& enqueue) {
           cudaGraph_t graph = nullptr;
           cudaGraphExec_t exec = nullptr;
+          enqueue();  // once outside capture, as the engine runs a step before capturing it
+          check_cuda(cudaStreamSynchronize(stream), "cudaStreamSynchronize");
           check_cuda(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal), "cudaStreamBeginCapture");
           for (int c = 0; c < o.calls; ++c) enqueue();
           check_cuda(cudaStreamEndCapture(stream, &graph), "cudaStreamEndCapture");

@@ -71,8 +71,10 @@ GpuClique::GpuClique(std::vector<int> gpus, GpuCliqueOptions options) : gpus_(st
   }
 
   // Before NCCL reads its environment (ncclGetUniqueId is its first call); a value the user set
-  // is kept.
+  // is kept. Connections are made at start-up rather than at a collective's first call: that
+  // first call may come inside graph capture, where the set-up's CUDA calls are not allowed.
   setenv("NCCL_NVLS_ENABLE", "0", 0);
+  setenv("NCCL_RUNTIME_CONNECT", "0", 0);
   ncclUniqueId id;
   if (ncclResult_t r = ncclGetUniqueId(&id); r != ncclSuccess) {
     fail(ErrorKind::kInternal, "NCCL ncclGetUniqueId: {}", ncclGetErrorString(r));
@@ -337,7 +339,10 @@ void NcclCommunicator::all_reduce_sum_nccl(Tensor x) {
       ncclResult_t r = ncclAllReduce(x.data, x.data, size_t(x.numel()), nccl_type(x.dtype), ncclSum, slot.comm, stream_);
       r = settle(slot.comm, r, Clock::now() + clique_->options().timeout);
       if (r != ncclSuccess) {
-        failure = fmt::format("rank {}: NCCL all-reduce failed: {}", rank_, ncclGetErrorString(r));
+        failure = r == ncclInProgress
+                      ? fmt::format("rank {}: NCCL all-reduce not enqueued after {} s: a rank died or stalled", rank_,
+                                    seconds(clique_->options().timeout))
+                      : fmt::format("rank {}: NCCL all-reduce failed: {}", rank_, ncclGetErrorString(r));
       } else {
         mark_enqueued(slot);
       }
@@ -394,7 +399,10 @@ void NcclCommunicator::all_gather(const Tensor& x, Tensor out) {
       ncclResult_t r = ncclAllGather(x.data, stacked, size_t(x.numel()), nccl_type(x.dtype), slot.comm, stream_);
       r = settle(slot.comm, r, Clock::now() + clique_->options().timeout);
       if (r != ncclSuccess) {
-        failure = fmt::format("rank {}: NCCL all-gather failed: {}", rank_, ncclGetErrorString(r));
+        failure = r == ncclInProgress
+                      ? fmt::format("rank {}: NCCL all-gather not enqueued after {} s: a rank died or stalled", rank_,
+                                    seconds(clique_->options().timeout))
+                      : fmt::format("rank {}: NCCL all-gather failed: {}", rank_, ncclGetErrorString(r));
       } else {
         mark_enqueued(slot);
       }
