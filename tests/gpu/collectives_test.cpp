@@ -174,8 +174,8 @@ TEST(GpuClique, MoreRanksThanGpusIsAnError) {
     FAIL() << "no error";
   } catch (const Error& e) {
     EXPECT_EQ(e.kind(), ErrorKind::kInvalidArgument);
-    EXPECT_EQ(std::string(e.what()), fmt::format("tensor parallelism over {} GPUs needs {} GPUs; {} present",
-                                                 present + 1, present + 1, present));
+    EXPECT_EQ(std::string(e.what()), fmt::format("tensor parallelism needs one GPU per rank: {} ranks, {} GPUs present",
+                                                 present + 1, present));
   }
 }
 

@@ -52,7 +52,7 @@ GpuClique::GpuClique(std::vector<int> gpus, GpuCliqueOptions options) : gpus_(st
   if (cudaGetDeviceCount(&present) != cudaSuccess) present = 0;
   if (gpus_.empty()) fail(ErrorKind::kInvalidArgument, "tensor parallelism needs at least one GPU");
   if (int(gpus_.size()) > present) {
-    fail(ErrorKind::kInvalidArgument, "tensor parallelism over {} GPUs needs {} GPUs; {} present", gpus_.size(),
+    fail(ErrorKind::kInvalidArgument, "tensor parallelism needs one GPU per rank: {} ranks, {} GPUs present",
          gpus_.size(), present);
   }
   std::set<int> seen;
