@@ -255,6 +255,51 @@ void check_graph_replay(int world) {
 
 TEST_F(Collectives, OneRankGraphReplay) { check_graph_replay(1); }
 
+// Made all at once from one thread (as the tensor-parallel model does), then used from another.
+TEST_F(Collectives, MadeTogetherThenUsed) {
+  const int world = std::min(gpu_count(), cuda::kMaxRanks);
+  std::vector<cudaStream_t> streams(world);
+  for (int r = 0; r < world; ++r) {
+    check_cuda(cudaSetDevice(r), "cudaSetDevice");
+    check_cuda(cudaStreamCreateWithFlags(&streams[r], cudaStreamNonBlocking), "cudaStreamCreate");
+  }
+  auto comms = make_nccl_communicators(first_gpus(world), streams, {});
+  ASSERT_EQ(int(comms.size()), world);
+  std::vector<std::string> errors(world);
+  std::vector<std::thread> threads;
+  for (int r = 0; r < world; ++r) {
+    threads.emplace_back([&, r] {
+      try {
+        check_cuda(cudaSetDevice(r), "cudaSetDevice");
+        std::vector<float> v(4096);
+        for (size_t i = 0; i < v.size(); ++i) v[i] = small_value(r, i, 2);
+        DeviceArray<std::byte> x;
+        x.upload(encode(v, DType::kF32));
+        check_cuda(cudaDeviceSynchronize(), "upload");
+        comms[r]->all_reduce_sum(tensor_of(x, DType::kF32));
+        check_cuda(cudaStreamSynchronize(streams[r]), "sync");
+        std::vector<float> got = decode(x.download(), DType::kF32);
+        for (size_t i = 0; i < v.size(); ++i) {
+          float want = 0;
+          for (int p = 0; p < world; ++p) want += small_value(p, i, 2);
+          if (got[i] != want) {
+            errors[r] = fmt::format("element {}: {} != {}", i, got[i], want);
+            break;
+          }
+        }
+      } catch (const std::exception& e) {
+        errors[r] = e.what();
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  comms.clear();
+  for (int r = 0; r < world; ++r) {
+    EXPECT_EQ(errors[r], "") << "rank " << r;
+    cudaStreamDestroy(streams[r]);
+  }
+}
+
 // ---- one rank per GPU present -------------------------------------------------------------------
 
 class MultiGpu : public GpuTest {

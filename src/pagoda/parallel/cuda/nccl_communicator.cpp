@@ -4,6 +4,7 @@
 
 #include <cstdlib>
 #include <cstring>
+#include <exception>
 #include <set>
 
 #include "pagoda/backend/cuda/check.h"
@@ -432,6 +433,36 @@ void* NcclCommunicator::gather_scratch(size_t bytes) {
   const size_t grown = gather_scratch_.empty() ? bytes : std::max(bytes, 2 * gather_scratch_.back().bytes());
   gather_scratch_.emplace_back(grown);
   return gather_scratch_.back().data();
+}
+
+std::vector<std::unique_ptr<NcclCommunicator>> make_nccl_communicators(std::span<const int> gpus,
+                                                                       std::span<const cudaStream_t> streams,
+                                                                       const GpuCliqueOptions& options) {
+  if (gpus.size() != streams.size()) fail(ErrorKind::kInvalidArgument, "one stream per GPU");
+  auto clique = std::make_shared<GpuClique>(std::vector<int>(gpus.begin(), gpus.end()), options);
+  const int world = clique->world_size();
+  std::vector<std::unique_ptr<NcclCommunicator>> comms(world);
+  std::vector<std::exception_ptr> failures(world);
+  std::vector<std::thread> threads;
+  for (int r = 0; r < world; ++r) {
+    threads.emplace_back([&, r] {
+      try {
+        comms[r] = std::make_unique<NcclCommunicator>(clique, r, streams[r]);
+      } catch (...) {
+        failures[r] = std::current_exception();
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  // The first failure in time is the clique's abort reason; without one, a rank's own error.
+  for (int r = 0; r < world; ++r) {
+    if (failures[r]) {
+      comms.clear();
+      clique->check();
+      std::rethrow_exception(failures[r]);
+    }
+  }
+  return comms;
 }
 
 }  // namespace pagoda::parallel

@@ -27,6 +27,7 @@
 #include <cstddef>
 #include <memory>
 #include <mutex>
+#include <span>
 #include <string>
 #include <thread>
 #include <vector>
@@ -155,5 +156,11 @@ class NcclCommunicator final : public Communicator {
   cuda::OneShotArgs one_shot_;
   std::vector<pagoda::cuda::DeviceArray<std::byte>> gather_scratch_;
 };
+
+// One communicator per rank, rank r's on gpus[r] with streams[r] (its backend's): made on one
+// thread per rank at once, as NCCL's start-up needs every rank. Throws the first rank's Error.
+std::vector<std::unique_ptr<NcclCommunicator>> make_nccl_communicators(std::span<const int> gpus,
+                                                                       std::span<const cudaStream_t> streams,
+                                                                       const GpuCliqueOptions& options);
 
 }  // namespace pagoda::parallel
