@@ -21,8 +21,10 @@ class Communicator {
   virtual int world_size() const = 0;
   // x = the sum of every rank's x, in place, in x's dtype (f32, f16 or bf16); x is contiguous.
   virtual void all_reduce_sum(Tensor x) = 0;
-  // out [world_size * n, ...] = the ranks' x [n, ...] stacked in rank order; x and out are
-  // contiguous, of one dtype, on every rank.
+  // out [n, world_size * m] = the ranks' x [n, m] side by side in rank order: columns [r * m,
+  // (r + 1) * m) of out are rank r's x. x and out are 2-D, contiguous, of one dtype, on every
+  // rank. (The vocabulary-split lm_head gathers its logits this way, so the full-vocabulary rows
+  // come out ready to sample; with n == 1 it is a plain concatenation.)
   virtual void all_gather(const Tensor& x, Tensor out) = 0;
 };
 
