@@ -10,6 +10,8 @@
 // them, and they order with the ops around them); on the CPU they complete before returning.
 #pragma once
 
+#include <string>
+
 #include "pagoda/core/tensor.h"
 
 namespace pagoda::parallel {
@@ -26,6 +28,13 @@ class Communicator {
   // rank. (The vocabulary-split lm_head gathers its logits this way, so the full-vocabulary rows
   // come out ready to sample; with n == 1 it is a plain concatenation.)
   virtual void all_gather(const Tensor& x, Tensor out) = 0;
+
+  // Makes every rank's pending and later collectives throw Error carrying `reason`, instead of
+  // waiting for a rank that failed: the group is unusable after.
+  virtual void abort(const std::string& reason) = 0;
+  // Seconds this rank has spent inside collectives (waiting for the others included), where the
+  // communicator measures it; 0 where collectives are only enqueued.
+  virtual double seconds_in_collectives() const { return 0; }
 };
 
 }  // namespace pagoda::parallel
