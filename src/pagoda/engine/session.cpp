@@ -79,10 +79,26 @@ void parse_kv_cache_flags(const ModelFlags& flags, const ModelConfig& config, co
   }
 }
 
-// The ranks' backends: on the CPU, each a share of the cores (--threads, or all of them, / N).
+// The ranks' backends: on the CPU, each a share of the cores (--threads, or all of them, / N); on
+// CUDA, rank r on GPU r.
 std::unique_ptr<StepModel> load_tensor_parallel(const Checkpoint& checkpoint, const Backend& kind,
                                                 const ModelFlags& flags, const LoadOptions& options) {
   std::vector<std::unique_ptr<Backend>> backends;
+#if defined(PAGODA_HAVE_CUDA) && defined(PAGODA_HAVE_NCCL)
+  if (kind.device() == Device::kCuda) {
+    int present = 0;
+    if (cudaGetDeviceCount(&present) != cudaSuccess) present = 0;
+    if (flags.tensor_parallel > present)
+      fail(ErrorKind::kInvalidArgument, "--tensor-parallel {}: one GPU per rank, and {} GPUs are present",
+           flags.tensor_parallel, present);
+    for (int r = 0; r < flags.tensor_parallel; ++r) {
+      backends.push_back(std::make_unique<CudaBackend>(
+          kind.activation_dtype(), CudaBackendOptions{.graphs = !flags.enforce_eager, .gpu = r}));
+    }
+    cuda::check_cuda(cudaSetDevice(0), "cudaSetDevice");  // this thread drives rank 0's backend
+    return std::make_unique<TensorParallelModel>(checkpoint, std::move(backends), options);
+  }
+#endif
   if (kind.device() != Device::kCpu)
     fail(ErrorKind::kUnsupported, "--tensor-parallel {}: the {} backend has no tensor-parallel ranks in this build",
          flags.tensor_parallel, kind.name());

@@ -55,8 +55,10 @@ class TensorParallelModel final : public StepModel {
 
  private:
   struct Rank {
-    std::unique_ptr<Backend> backend;
+    // Destroyed after the backend: NCCL finalizes a communicator only once the CUDA graphs that
+    // captured its collectives (the backend's) are gone.
     std::unique_ptr<parallel::Communicator> communicator;
+    std::unique_ptr<Backend> backend;
     std::unique_ptr<Model> model;
     std::thread thread;
   };

@@ -1,5 +1,5 @@
 // The one place a tensor-parallel rank's Communicator is made: by the kind of the ranks' backends
-// (CPU: threads sharing memory, cpu_communicator.h).
+// (CPU: threads sharing memory, cpu_communicator.h; CUDA: NCCL, cuda/nccl_communicator.h).
 #pragma once
 
 #include <chrono>

@@ -68,6 +68,8 @@ CudaBackend::~CudaBackend() {
   if (stream_) cudaStreamDestroy(stream_);
 }
 
+void CudaBackend::bind_to_this_thread() { cuda::check_cuda(cudaSetDevice(gpu_), "cudaSetDevice"); }
+
 std::shared_ptr<Backend::Buffer> CudaBackend::allocate(size_t bytes) {
   return std::make_shared<DeviceBuffer>(bytes, allocations_);
 }

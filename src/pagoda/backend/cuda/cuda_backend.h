@@ -49,6 +49,7 @@ class CudaBackend final : public Backend {
   std::string name() const override { return "cuda"; }
   Device device() const override { return Device::kCuda; }
   DType activation_dtype() const override { return dtype_; }
+  void bind_to_this_thread() override;  // makes gpu() the thread's current device
 
   std::shared_ptr<Buffer> allocate(size_t bytes) override;
   void upload(void* device_dst, const void* host_src, size_t bytes) override;

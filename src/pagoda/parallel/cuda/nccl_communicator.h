@@ -128,6 +128,7 @@ class NcclCommunicator final : public Communicator {
   // One rank: nothing to do. Otherwise the one-shot kernel when x is small enough, else NCCL.
   void all_reduce_sum(Tensor x) override;
   void all_gather(const Tensor& x, Tensor out) override;
+  void abort(const std::string& reason) override { clique_->abort(reason); }
 
   // Each all-reduce path on its own (also with one rank), for the benchmark and the tests.
   void all_reduce_sum_nccl(Tensor x);
