@@ -238,7 +238,8 @@ void run_allreduce_bench(const AllReduceBenchOptions& options) {
       " (one-shot: (N-1) x bytes, NCCL ring: 2(N-1)/N x bytes); frac = bound / measured\n",
       world, device.name, o.dtype, o.calls, o.runs, one_shot ? "yes" : "no", floor_us, o.link_gb_s);
   if (world == 1) {
-    table += "one GPU: nothing crosses a link; both paths measure only their cost over the launch floor\n";
+    table += "one GPU: nothing crosses a link; both paths measure only their cost over the launch floor (NCCL has "
+             "nothing to do in place with one rank and enqueues no work)\n";
   }
   table += "\n| bytes | NCCL us | one-shot us | NCCL / one-shot | NCCL bound us | NCCL frac | one-shot bound us | one-shot frac |\n";
   table += "|---:|---:|---:|---:|---:|---:|---:|---:|\n";
@@ -249,9 +250,11 @@ void run_allreduce_bench(const AllReduceBenchOptions& options) {
                          row.nccl_bound_us, row.nccl_bound_us / row.nccl_us, row.one_shot_bound_us,
                          std::isnan(row.one_shot_us) ? "-" : fmt::format("{:.2f}", row.one_shot_bound_us / row.one_shot_us));
   }
-  table += fmt::format("\none-shot faster than NCCL up to {} bytes (the largest size measured where it wins; "
-                       "GpuCliqueOptions::one_shot_max_bytes is {})\n",
-                       one_shot_faster_up_to, parallel::kDefaultOneShotMaxBytes);
+  if (world > 1) {
+    table += fmt::format("\none-shot faster than NCCL up to {} bytes (the largest size measured where it wins; "
+                         "GpuCliqueOptions::one_shot_max_bytes is {})\n",
+                         one_shot_faster_up_to, parallel::kDefaultOneShotMaxBytes);
+  }
   std::fputs(table.c_str(), stdout);
 
   nlohmann::json j;
