@@ -319,8 +319,9 @@ void NcclCommunicator::mark_enqueued(GpuClique::Rank& slot) {
 void NcclCommunicator::all_reduce_sum(Tensor x) {
   if (world_size() == 1) return;
   const size_t bytes = x.nbytes();
-  if (clique_->one_shot_available() && bytes <= one_shot_.capacity && bytes % 16 == 0 &&
-      reinterpret_cast<uintptr_t>(x.data) % 16 == 0) {
+  // Decided by the size alone, the same on every rank (a rank taking the other path would leave
+  // its peers waiting); a misaligned x is a caller's bug, which one_shot_all_reduce rejects.
+  if (clique_->one_shot_available() && bytes <= one_shot_.capacity && bytes % 16 == 0) {
     all_reduce_sum_one_shot(x);
   } else {
     all_reduce_sum_nccl(x);
