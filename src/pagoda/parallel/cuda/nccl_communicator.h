@@ -14,9 +14,11 @@
 // one fails or a collective is not done within the timeout (a rank died or stalled), it aborts
 // the clique: every rank's NCCL communicator is aborted (its kernels waiting on a peer return),
 // the one-shot kernels stop waiting, and every rank's next collective or check() throws one
-// Error naming the first failure. A rank whose thread fails should call GpuClique::abort itself
-// so the others stop at once. Inside a replayed graph nothing calls the host, so a rank loop
-// calls check() once per step.
+// Error naming the first failure. A rank whose thread fails calls abort() (the tensor-parallel
+// rank loop does), so the others stop at once. Collectives replayed from a graph are not timed
+// (nothing runs on the host then): a peer that stops there is caught by the one-shot kernel's
+// own timeout, which the watchdog turns into an abort of the rest, but not while it waits in
+// NCCL alone.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -137,7 +139,6 @@ class NcclCommunicator final : public Communicator {
   // Throws the clique's abort reason, or this rank's one-shot failure; a rank loop calls it once
   // per step (graph replays enqueue collectives without calling the communicator).
   void check();
-  GpuClique& clique() { return *clique_; }
 
  private:
   // Frees this rank's NCCL communicator (aborted when it cannot finalize within the timeout)
