@@ -67,7 +67,16 @@ void TensorParallelModel::rank_main(int rank) {
   std::unique_lock lock(mutex_);
   for (;;) {
     start_.wait(lock, [&] { return stopping_ || job_number_ != seen; });
-    if (stopping_) return;
+    if (stopping_) {
+      // A rank's model, communicator and backend end on the thread its backend is bound to (a
+      // GPU's memory is freed on its device).
+      lock.unlock();
+      Rank& own = ranks_[size_t(rank)];
+      own.model.reset();
+      own.communicator.reset();
+      own.backend.reset();
+      return;
+    }
     seen = job_number_;
     if (rank >= job_ranks_) continue;
     const std::function<void(int)>& job = *job_;
