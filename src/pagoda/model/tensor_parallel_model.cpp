@@ -68,13 +68,14 @@ void TensorParallelModel::rank_main(int rank) {
   for (;;) {
     start_.wait(lock, [&] { return stopping_ || job_number_ != seen; });
     if (stopping_) {
-      // A rank's model, communicator and backend end on the thread its backend is bound to (a
-      // GPU's memory is freed on its device).
+      // A rank's model, backend and communicator end on the thread its backend is bound to (a
+      // GPU's memory is freed on its device); the communicator last, as NCCL finalizes one only
+      // once the CUDA graphs that captured its collectives (the backend's) are gone.
       lock.unlock();
       Rank& own = ranks_[size_t(rank)];
       own.model.reset();
-      own.communicator.reset();
       own.backend.reset();
+      own.communicator.reset();
       return;
     }
     seen = job_number_;
