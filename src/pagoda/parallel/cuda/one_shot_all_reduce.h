@@ -9,8 +9,9 @@
 // that needs several dependent steps; for the few-KB hidden states of a decode step the latency
 // is what matters (as in vLLM's and TensorRT-LLM's custom all-reduce).
 //
-// Bytes per call and rank: reads bytes (input) + N x bytes (every rank's staging, N - 1 of them
-// over NVLink), writes 2 x bytes (staging, output) and N flags. FLOPs: (N - 1) x elements adds.
+// Bytes per call and rank: reads x twice (staging it, then summing; 2 x bytes) and the N - 1 peers'
+// staging over NVLink ((N - 1) x bytes), writes 2 x bytes (staging, output) and N flags.
+// FLOPs: (N - 1) x elements adds.
 //
 // Reuse without a second barrier: the staging buffer alternates between two halves by call
 // parity. A rank writes half (c & 1) in call c only after passing the barrier of call c - 1,
