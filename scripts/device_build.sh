@@ -132,6 +132,23 @@ fi
 rpath="$lib;$lib/openblas-pthread"
 cuda_args=()
 if [[ -n $nvcc ]]; then cuda_args=(-DCMAKE_CUDA_COMPILER="$nvcc"); fi
+# NCCL (the GPU collectives): the CUDA toolkit's if it has one, else the nvidia-nccl pip package's
+# (the GPU image carries it for PyTorch). CMake reports which it found.
+nccl_root=
+cuda_home=$(dirname "$(dirname "${nvcc:-/usr/local/cuda/bin/nvcc}")")
+if [[ ! -f $cuda_home/include/nccl.h ]]; then
+  for py in python3 /opt/torch/.venv/bin/python3; do
+    command -v "$py" >/dev/null || continue
+    site=$("$py" -c 'import nvidia, os; print(os.path.dirname(list(nvidia.__path__)[0]) + "/nvidia")' 2>/dev/null) || continue
+    header=$(find "$site" -name nccl.h -path '*nccl*' 2>/dev/null | head -n1)
+    if [[ -n $header ]]; then nccl_root=$(dirname "$(dirname "$header")"); break; fi
+  done
+fi
+if [[ -n $nccl_root ]]; then
+  log "NCCL from $nccl_root"
+  cuda_args+=(-DPAGODA_NCCL_ROOT="$nccl_root")
+  rpath="$rpath;$nccl_root/lib"
+fi
 cmake_args=(
   -S . -B "$build" -G Ninja
   -DCMAKE_BUILD_TYPE=Release

@@ -30,7 +30,7 @@ inline std::vector<float> read_f32(const std::string& path) {
 // Feeds `ids` to a fresh sequence in chunks of `chunk` tokens (1: token-by-token decode; a
 // chunk that covers everything: one prefill) and returns the logits after each chunk. The
 // model's KV cache must hold num_blocks blocks of block_size tokens.
-inline std::vector<std::vector<float>> run_chunks(Model& model, const std::vector<int32_t>& ids, size_t chunk,
+inline std::vector<std::vector<float>> run_chunks(StepModel& model, const std::vector<int32_t>& ids, size_t chunk,
                                                   int32_t num_blocks, int32_t block_size) {
   kv::BlockPool pool(num_blocks, block_size);
   kv::BlockTable table;

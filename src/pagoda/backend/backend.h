@@ -83,6 +83,9 @@ class Backend {
   virtual Device device() const = 0;
   // The dtype of activations (and of the KV cache): the model allocates its workspace in it.
   virtual DType activation_dtype() const = 0;
+  // Called once on a thread that will issue this backend's ops (a tensor-parallel rank's thread):
+  // the CPU backend gives it its share of the cores there, a GPU backend would select its device.
+  virtual void bind_to_this_thread() {}
 
   // Owning device memory. A Buffer frees itself through its backend.
   class Buffer;

@@ -37,6 +37,8 @@
 #include "pagoda/bench/trace.h"
 #include "pagoda/core/error.h"
 #include "pagoda/engine/session.h"
+#include "pagoda/model/shard.h"
+#include "pagoda/model/tensor_parallel_model.h"
 
 #if PAGODA_HAVE_CUDA
 #include "pagoda/bench/cuda_support.h"
@@ -240,6 +242,7 @@ std::string command_line(const ThroughputBenchOptions& f, const EngineOptions& o
   c += fmt::format(" --attention {} --max-batch {} --step-tokens {}", f.model.attention, options.max_batch,
                    options.max_step_tokens);
   if (f.model.enforce_eager) c += " --enforce-eager";
+  if (f.model.tensor_parallel != 1) c += fmt::format(" --tensor-parallel {}", f.model.tensor_parallel);
   if (options.num_kv_blocks == 0) c += fmt::format(" --kv-memory-mb {}", options.kv_memory_bytes >> 20);
   if (f.no_prefix_cache) c += " --no-prefix-cache";
   if (f.seed != 0) c += fmt::format(" --seed {}", f.seed);
@@ -325,9 +328,21 @@ void run_throughput_bench(const ThroughputBenchOptions& f) {
     workload = std::move(replay.requests);
   }
 
-  const double kv_bytes_per_token =
-      double(c.num_layers) * 2 * c.kv_dim() * double(dtype_size(session.backend->activation_dtype()));
-  const double weight_bytes = double(session.model->weight_bytes());
+  // Split over ranks, the bound counts every rank's bytes (kv heads replicated on several ranks
+  // are read by each): on the CPU the ranks share one memory system.
+  auto* split = dynamic_cast<TensorParallelModel*>(session.model.get());
+  int64_t kv_heads_read = c.num_kv_heads;
+  double weight_bytes = double(session.model->weight_bytes());
+  if (split) {
+    kv_heads_read = 0;
+    weight_bytes = 0;
+    for (int r = 0; r < split->world_size(); ++r) {
+      kv_heads_read += shard_layout(c, {r, split->world_size()}).num_kv_heads;
+      weight_bytes += double(split->rank_model(r).weight_bytes());
+    }
+  }
+  const double kv_bytes_per_token = double(c.num_layers) * 2 * double(kv_heads_read) * c.head_dim *
+                                    double(dtype_size(session.backend->activation_dtype()));
   // A decode step reads every weight once, except an untied embedding table, of which it reads
   // only the rows of its tokens (the bound counts those with the KV bytes, per token).
   const double embedding_row_bytes = double(dtype_bytes(session.model->weight_dtype(), c.hidden_size));
@@ -350,7 +365,25 @@ void run_throughput_bench(const ThroughputBenchOptions& f) {
   std::fprintf(stderr, "bench: running %zu requests...\n", workload.size());
   const int64_t shared_kv_tokens =
       options.prefix_caching ? int64_t(f.shared_prefix) / options.block_size * options.block_size : 0;
+  const double collectives_before = split ? split->seconds_in_collectives() : 0;
   const RunResult run = run_workload(session, options, workload, kv_bytes_per_token, shared_kv_tokens, true);
+  const double collective_s = split ? split->seconds_in_collectives() - collectives_before : 0;
+  // Split: the same workload on the unsplit model, for the per-rank efficiency.
+  double reference_tps = 0;
+  if (split) {
+    ModelFlags unsplit = f.model;
+    unsplit.tensor_parallel = 1;
+    Session reference(unsplit);
+    std::fprintf(stderr, "bench: the same workload unsplit, for reference...\n");
+    run_workload(reference, options,
+                 offline ? offline_workload(f.batch, f.input, f.shared_prefix, 4, vocab, f.seed + 1)
+                         : offline_workload(1, 16, 0, 4, vocab, 1),
+                 kv_bytes_per_token, 0, false);
+    const RunResult r = run_workload(reference, options, workload, kv_bytes_per_token, shared_kv_tokens, false);
+    int64_t tokens = 0;
+    for (const RequestTiming& t : r.requests) tokens += t.generated;
+    reference_tps = double(tokens) / r.wall_s;
+  }
 
   int64_t prompt_tokens = 0, output_tokens = 0;
   std::vector<double> ttft_ms, tpot_ms, e2e_s;
@@ -409,6 +442,23 @@ void run_throughput_bench(const ThroughputBenchOptions& f) {
   std::printf("%-26s %12.1f (host: batch, attention plan, upload)\n", "step planning (us/step)", planning_us);
   std::printf("%-26s %12lld (%lld captured)\n", "steps replayed as graphs", static_cast<long long>(run.graphs.replays),
               static_cast<long long>(run.graphs.captures));
+  json tensor_parallel = nullptr;
+  if (split) {
+    const int n = split->world_size();
+    std::printf("tensor parallel: %d ranks; unsplit %.1f output tokens/s: speed-up %.2fx, per-rank efficiency %.1f%%; "
+                "rank 0 in collectives %.2f s (%.1f%% of the wall time)\n",
+                n, reference_tps, output_tps / reference_tps, 100 * output_tps / (n * reference_tps), collective_s,
+                100 * collective_s / run.wall_s);
+    tensor_parallel = {{"ranks", n},
+                       {"unsplit_output_tok_s", reference_tps},
+                       {"speedup", output_tps / reference_tps},
+                       {"per_rank_efficiency", output_tps / (n * reference_tps)},
+                       {"rank0_collective_s", collective_s},
+                       {"collective_fraction_of_wall", collective_s / run.wall_s},
+                       {"efficiency", "output tokens/s split / (ranks x output tokens/s unsplit), same workload "
+                                      "and flags; collective time is rank 0's wait inside all-reduce and "
+                                      "all-gather, the other ranks' late arrival included"}};
+  }
 
   json roofline_json = nullptr;
   if (offline) {
@@ -497,6 +547,7 @@ void run_throughput_bench(const ThroughputBenchOptions& f) {
           {"prefix_attention_steps", run.prefix_steps}, {"step_planning_us_mean", planning_us},
           {"graph_captures", run.graphs.captures}, {"graph_replays", run.graphs.replays}}},
         {"roofline", roofline_json},
+        {"tensor_parallel", tensor_parallel},
     };
     write_json_file(f.json_path, j);
     std::fprintf(stderr, "bench: wrote %s\n", f.json_path.c_str());

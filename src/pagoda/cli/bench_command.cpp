@@ -1,7 +1,8 @@
-// pagoda bench generate|attention|prefix-attention|throughput: each subcommand's flags; the
+// pagoda bench generate|attention|prefix-attention|throughput|allreduce: each subcommand's flags; the
 // benchmarks themselves are the bench layer's (src/pagoda/bench/).
 #include <memory>
 
+#include "pagoda/bench/allreduce.h"
 #include "pagoda/bench/attention.h"
 #include "pagoda/bench/generate.h"
 #include "pagoda/bench/prefix_attention.h"
@@ -85,6 +86,24 @@ void register_bench_prefix_attention(CLI::App& bench_cmd) {
   });
 }
 
+void register_bench_allreduce(CLI::App& bench_cmd) {
+  auto flags = std::make_shared<bench::AllReduceBenchOptions>();
+  CLI::App* cmd = bench_cmd.add_subcommand(
+      "allreduce", "GPU all-reduce at decode sizes, NCCL against the one-shot kernel, one rank per GPU");
+  cmd->add_option("--sizes", flags->sizes, "message sizes in bytes (K, M suffixes), comma-separated")
+      ->delimiter(',')
+      ->capture_default_str();
+  cmd->add_option("--ranks", flags->ranks, "ranks, one per GPU (default: every GPU present)");
+  cmd->add_option("--dtype", flags->dtype, "element type: f32, f16 or bf16")->capture_default_str();
+  cmd->add_option("--calls", flags->calls, "all-reduces per captured graph")->capture_default_str();
+  cmd->add_option("--runs", flags->runs, "timed replays (the median is reported)")->capture_default_str();
+  cmd->add_option("--warmup", flags->warmup, "untimed replays first")->capture_default_str();
+  cmd->add_option("--link-gb-s", flags->link_gb_s, "NVLink GB/s per direction per GPU, for the bound")
+      ->capture_default_str();
+  cmd->add_option("--out", flags->out, "JSON results (default bench/results/<device>/allreduce.json; a .md beside it)");
+  cmd->callback([flags] { bench::run_allreduce_bench(*flags); });
+}
+
 void register_bench_throughput(CLI::App& bench_cmd) {
   auto flags = std::make_shared<bench::ThroughputBenchOptions>();
   CLI::App* cmd = bench_cmd.add_subcommand(
@@ -135,6 +154,7 @@ void register_bench(CLI::App& app) {
   register_bench_attention(*bench_cmd);
   register_bench_prefix_attention(*bench_cmd);
   register_bench_throughput(*bench_cmd);
+  register_bench_allreduce(*bench_cmd);
 }
 
 }  // namespace pagoda::cli

@@ -25,6 +25,9 @@ void add_model_flags(CLI::App& app, ModelFlags& flags) {
   app.add_flag("--enforce-eager", flags.enforce_eager,
                "on the GPU, launch every op at every step instead of replaying decode steps as CUDA graphs");
   app.add_option("-t,--threads", flags.threads, "CPU threads (default: all cores)");
+  app.add_option("--tensor-parallel", flags.tensor_parallel,
+                 "split the model over N ranks, one thread each (Megatron-style; on the CPU each rank gets "
+                 "threads / N cores; default 1)");
   app.add_option("--kv-memory-mb", flags.kv_memory_mb, "memory for the KV cache in MiB (default 1024)");
   app.add_option("--max-batch", flags.max_batch, "sequences in flight (default 16)");
   app.add_option("--step-tokens", flags.step_tokens, "tokens per forward pass, for chunked prefill (default 512)");

@@ -53,7 +53,7 @@ void register_perplexity(CLI::App& app) {
     if (!f.kl_base.empty()) base = load_perplexity_base(f.kl_base);  // a bad file fails before the model loads
 
     Session session(f.model);
-    Model& model = *session.model;
+    StepModel& model = *session.model;
     const ModelConfig& c = model.config();
     if (f.window > c.max_context)
       fail(ErrorKind::kInvalidArgument, "--ctx-size {} exceeds the model's context of {} tokens", f.window, c.max_context);

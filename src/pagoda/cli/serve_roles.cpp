@@ -40,8 +40,11 @@ void check_role_flags(RoleFlags& flags) {
          flags.role);
 }
 
-ServeRole::ServeRole(const RoleFlags& flags, Model& model, server::Metrics& metrics) {
+ServeRole::ServeRole(const RoleFlags& flags, StepModel& step_model, server::Metrics& metrics) {
   if (flags.role == "both") return;
+  auto* single = dynamic_cast<Model*>(&step_model);  // KV pages move between single-rank caches only
+  if (!single) fail(ErrorKind::kInvalidArgument, "--role {} needs --tensor-parallel 1", flags.role);
+  Model& model = *single;
   metrics_ = std::make_unique<disagg::TransferMetrics>(flags.role);
   metrics.add_section([m = metrics_.get()](std::string& out) { m->render(out); });
   if (flags.role == "prefill") {

@@ -31,7 +31,7 @@ void check_role_flags(RoleFlags& flags);
 class ServeRole {
  public:
   // Null hook for --role both. Listens (prefill) before returning.
-  ServeRole(const RoleFlags& flags, Model& model, server::Metrics& metrics);
+  ServeRole(const RoleFlags& flags, StepModel& model, server::Metrics& metrics);
   ~ServeRole();  // stop()
   server::EngineHook* hook();
   // Starts the peer links once the engine service runs.

@@ -104,7 +104,7 @@ int32_t default_num_blocks(const ModelConfig& c, const EngineOptions& o, size_t 
 
 }  // namespace
 
-Engine::Engine(Model& model, const Tokenizer& tokenizer, const EngineOptions& options)
+Engine::Engine(StepModel& model, const Tokenizer& tokenizer, const EngineOptions& options)
     : model_(model),
       tokenizer_(tokenizer),
       options_(checked(options)),
@@ -117,7 +117,7 @@ Engine::Engine(Model& model, const Tokenizer& tokenizer, const EngineOptions& op
   // Every activation buffer at its largest now: a decode step replayed as a graph keeps using it.
   // A step samples at most one row per sequence it runs.
   const int32_t max_logit_rows = std::min(options_.max_batch, options_.max_step_tokens);
-  const int32_t graph_rows = model_.backend().graph_rows(max_logit_rows);
+  const int32_t graph_rows = model_.graph_rows(max_logit_rows);
   model_.reserve(std::max(options_.max_step_tokens, graph_rows), std::max(max_logit_rows, graph_rows));
   model_stop_ids_ = tokenizer.stop_ids();
 }
@@ -204,7 +204,7 @@ bool Engine::grow(Sequence& seq, int32_t tokens) {
   // Cached blocks that no sequence holds are as good as free: evict before giving up.
   if (needed > pool_.num_free()) cache_.evict(needed - pool_.num_free());
   if (needed > pool_.num_free()) return false;
-  if (auto copy = kv::append_tokens(seq.table, tokens, pool_)) model_.backend().copy_kv_block(copy->src, copy->dst);
+  if (auto copy = kv::append_tokens(seq.table, tokens, pool_)) model_.copy_kv_block(copy->src, copy->dst);
   return true;
 }
 
@@ -217,7 +217,7 @@ bool Engine::grow_beams(Sequence& seq, int32_t tokens) {
   if (needed > pool_.num_free()) cache_.evict(needed - pool_.num_free());
   if (needed > pool_.num_free()) return false;
   for (Sequence::Beam& beam : seq.beams)
-    if (auto copy = kv::append_tokens(beam.table, tokens, pool_)) model_.backend().copy_kv_block(copy->src, copy->dst);
+    if (auto copy = kv::append_tokens(beam.table, tokens, pool_)) model_.copy_kv_block(copy->src, copy->dst);
   return true;
 }
 
@@ -414,7 +414,7 @@ std::vector<TokenEvent> Engine::step() {
   // is batched with: the backend's (a Philox draw keyed by seed and token index) when the backend
   // samples and the request needs neither penalties nor logprobs, else the host's, from
   // downloaded logits.
-  const bool backend_samples = model_.backend().can_sample();
+  const bool backend_samples = model_.can_sample();
   auto on_backend = [&](const Sequence& seq) { return backend_samples && !needs_host_sampler(seq.params); };
   bool any_on_backend = false, any_on_host = false;
   std::vector<SamplingRow> rows;
@@ -527,7 +527,7 @@ bool Engine::complete_remote_prefill(RequestId id, int32_t first_token) {
   Sequence& seq = **it;
   seq.num_computed = seq.num_prompt;
   // The prefill server drew one number for it (host sampler, not greedy): stay in step with it.
-  if (!model_.backend().can_sample() || needs_host_sampler(seq.params)) seq.sampler.skip(1);
+  if (!model_.can_sample() || needs_host_sampler(seq.params)) seq.sampler.skip(1);
   running_.push_back(std::move(*it));
   remote_prefilling_.erase(it);
   unreported_.push_back(accept_token(seq, SampledToken{.token = first_token}));

@@ -62,7 +62,7 @@ struct EngineStats {
 
 class Engine {
  public:
-  Engine(Model& model, const Tokenizer& tokenizer, const EngineOptions& options = {});
+  Engine(StepModel& model, const Tokenizer& tokenizer, const EngineOptions& options = {});
   ~Engine();
 
   // Queues a request. Throws Error(kInvalidArgument) for bad parameters, an empty prompt, or a
@@ -143,7 +143,7 @@ class Engine {
   void release_finished(Sequence& seq);
   TokenEvent accept_token(Sequence& seq, const SampledToken& sampled);
 
-  Model& model_;
+  StepModel& model_;
   const Tokenizer& tokenizer_;
   EngineOptions options_;
   kv::BlockPool pool_;

@@ -8,6 +8,8 @@
 #include "pagoda/core/error.h"
 #include "pagoda/core/default_model.h"
 #include "pagoda/format/gguf.h"
+#include "pagoda/model/shard.h"
+#include "pagoda/model/tensor_parallel_model.h"
 #ifdef PAGODA_HAVE_CUDA
 #include "pagoda/backend/cuda/check.h"
 #include "pagoda/backend/cuda/cuda_backend.h"
@@ -82,6 +84,35 @@ void parse_kv_cache_flags(const ModelFlags& flags, const ModelConfig& config, co
   }
 }
 
+// The ranks' backends: on the CPU, each a share of the cores (--threads, or all of them, / N); on
+// CUDA, rank r on GPU r.
+std::unique_ptr<StepModel> load_tensor_parallel(const Checkpoint& checkpoint, const Backend& kind,
+                                                const ModelFlags& flags, const LoadOptions& options) {
+  std::vector<std::unique_ptr<Backend>> backends;
+#if defined(PAGODA_HAVE_CUDA) && defined(PAGODA_HAVE_NCCL)
+  if (kind.device() == Device::kCuda) {
+    int present = 0;
+    if (cudaGetDeviceCount(&present) != cudaSuccess) present = 0;
+    if (flags.tensor_parallel > present)
+      fail(ErrorKind::kInvalidArgument, "--tensor-parallel {}: one GPU per rank, and {} GPUs are present",
+           flags.tensor_parallel, present);
+    for (int r = 0; r < flags.tensor_parallel; ++r) {
+      backends.push_back(std::make_unique<CudaBackend>(
+          kind.activation_dtype(), CudaBackendOptions{.graphs = !flags.enforce_eager, .gpu = r}));
+    }
+    cuda::check_cuda(cudaSetDevice(0), "cudaSetDevice");  // this thread drives rank 0's backend
+    return std::make_unique<TensorParallelModel>(checkpoint, std::move(backends), options);
+  }
+#endif
+  if (kind.device() != Device::kCpu)
+    fail(ErrorKind::kUnsupported, "--tensor-parallel {}: the {} backend has no tensor-parallel ranks in this build",
+         flags.tensor_parallel, kind.name());
+  const int threads = flags.threads > 0 ? flags.threads : omp_get_max_threads();
+  for (int r = 0; r < flags.tensor_parallel; ++r)
+    backends.push_back(std::make_unique<CpuBackend>(std::max(1, threads / flags.tensor_parallel)));
+  return std::make_unique<TensorParallelModel>(checkpoint, std::move(backends), options);
+}
+
 }  // namespace
 
 std::unique_ptr<Backend> make_backend(const std::string& name, DType dtype, bool graphs) {
@@ -96,7 +127,7 @@ std::unique_ptr<Backend> make_backend(const std::string& name, DType dtype, bool
     return std::make_unique<CudaBackend>(dtype, CudaBackendOptions{.graphs = graphs});
   }
 #else
-  (void)graphs;
+  (void)dtype, (void)graphs;
   if (name == "cuda") fail(ErrorKind::kUnsupported, "--backend cuda: this pagoda was built without CUDA");
 #endif
   return std::make_unique<CpuBackend>();
@@ -121,12 +152,20 @@ Session::Session(const ModelFlags& flags)
   } else if (flags.attention != "auto") {
     fail(ErrorKind::kInvalidArgument, "--attention must be auto, paged or prefix, not '{}'", flags.attention);
   }
-  backend = make_backend(flags.backend, weight_dtype, !flags.enforce_eager);
+  if (flags.tensor_parallel != 1) check_tensor_parallel(checkpoint.config(), flags.tensor_parallel);
+  owned_backend = make_backend(flags.backend, weight_dtype, !flags.enforce_eager);
+  backend = owned_backend.get();
   // auto keeps a GGUF file's quantized weights as they are where the backend multiplies them: a
   // decode step then reads the file's bytes, not their f16 expansion.
   LoadOptions options{.weight_dtype = weight_dtype, .keep_quantized = flags.weight_dtype == "auto", .attention = attention};
   parse_kv_cache_flags(flags, checkpoint.config(), *backend, weight_dtype, options);
-  model = std::make_unique<Model>(checkpoint, *backend, options);
+  if (flags.tensor_parallel == 1) {
+    model = std::make_unique<Model>(checkpoint, *backend, options);
+  } else {
+    model = load_tensor_parallel(checkpoint, *backend, flags, options);
+    owned_backend.reset();  // it only named the kind of backend the ranks run
+    backend = &static_cast<TensorParallelModel&>(*model).rank_backend(0);
+  }
   engine_options = EngineOptions{.kv_memory_bytes = size_t(flags.kv_memory_mb) << 20,
                                  .max_batch = flags.max_batch,
                                  .max_step_tokens = flags.step_tokens};

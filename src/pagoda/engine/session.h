@@ -10,6 +10,7 @@
 #include "pagoda/engine/engine.h"
 #include "pagoda/model/checkpoint.h"
 #include "pagoda/model/model.h"
+#include "pagoda/model/step_model.h"
 #include "pagoda/tokenizer/tokenizer.h"
 
 namespace pagoda {
@@ -25,6 +26,7 @@ struct ModelFlags {
   std::string kv_rotation = "auto";     // auto (hadamard under int2), none or hadamard
   bool enforce_eager = false;         // the GPU launches every op at every step: no CUDA graphs
   int threads = 0;   // 0: all cores
+  int tensor_parallel = 1;  // ranks the model is split over (model/tensor_parallel_model.h)
   int kv_memory_mb = 1024;
   int max_batch = 16;
   int step_tokens = 512;
@@ -38,10 +40,13 @@ struct Session {
   // Throws Error(kInvalidArgument) for a flag out of range, and what loading the checkpoint throws.
   explicit Session(const ModelFlags& flags);
 
-  std::unique_ptr<Backend> backend;
   Checkpoint checkpoint;
   Tokenizer tokenizer;
-  std::unique_ptr<Model> model;
+  std::unique_ptr<Backend> owned_backend;  // the model's backend, when it is not split
+  // The model's backend; rank 0's when split over ranks (TensorParallelModel owns theirs).
+  Backend* backend = nullptr;
+  // A Model, or a TensorParallelModel (--tensor-parallel > 1).
+  std::unique_ptr<StepModel> model;
   EngineOptions engine_options;
 };
 

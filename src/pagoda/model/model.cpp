@@ -23,12 +23,20 @@ LoadOptions::Attention resolve_attention(LoadOptions::Attention requested, const
   return requested;
 }
 
+TensorShard shard_of(const parallel::Communicator* communicator) {
+  return communicator ? TensorShard{communicator->rank(), communicator->world_size()} : TensorShard{};
+}
+
 }  // namespace
 
-Model::Model(const Checkpoint& checkpoint, Backend& backend, const LoadOptions& options)
+Model::Model(const Checkpoint& checkpoint, Backend& backend, const LoadOptions& options,
+             parallel::Communicator* communicator)
     : config_(checkpoint.config()),
+      communicator_(communicator),
+      shard_(shard_layout(config_, shard_of(communicator))),
+      local_(shard_config(config_, shard_)),
       backend_(backend),
-      weights_(load_weights(checkpoint, backend, options)),
+      weights_(load_weights(checkpoint, backend, options, shard_of(communicator))),
       attention_mode_(resolve_attention(options.attention, weights_, backend)),
       kv_dtype_(options.kv_quant != KvQuant::kNone ? DType::kF16 : options.kv_dtype.value_or(backend.activation_dtype())),
       kv_quant_(options.kv_quant),
@@ -36,8 +44,8 @@ Model::Model(const Checkpoint& checkpoint, Backend& backend, const LoadOptions& 
       kv_hadamard_(options.kv_hadamard) {}
 
 attention::AttentionShape Model::attention_shape() const {
-  return {.num_q_heads = config_.num_q_heads,
-          .num_kv_heads = config_.num_kv_heads,
+  return {.num_q_heads = local_.num_q_heads,
+          .num_kv_heads = local_.num_kv_heads,
           .head_dim = config_.head_dim,
           .block_size = kv_block_size_,
           .softmax_scale = 1.f / std::sqrt(float(config_.head_dim))};
@@ -50,7 +58,7 @@ size_t Model::weight_bytes() const {
 }
 
 size_t Model::kv_block_bytes(int32_t block_size) const {
-  return size_t(config_.num_layers) * size_t(config_.num_kv_heads) *
+  return size_t(config_.num_layers) * size_t(local_.num_kv_heads) *
          size_t(kv_block_head_bytes(kv_quant_, int32_t(dtype_size(kv_dtype_)), config_.head_dim, kv_partition_, block_size));
 }
 
@@ -65,14 +73,14 @@ size_t Model::allocate_kv_cache(int32_t num_blocks, int32_t block_size) {
       prefix_planner_.emplace(attention_shape(), planning->device, planning->options);
     } else if (attention_mode_ == LoadOptions::Attention::kPrefix) {
       fail(ErrorKind::kUnsupported, "--attention prefix: the {} backend cannot run prefix-aware attention for {} q "
-           "heads, {} kv heads, head_dim {}", backend_.name(), config_.num_q_heads, config_.num_kv_heads,
+           "heads, {} kv heads, head_dim {}", backend_.name(), local_.num_q_heads, local_.num_kv_heads,
            config_.head_dim);
     }
   }
   return backend_.allocate_kv_cache(kv::KvCacheConfig{.num_layers = config_.num_layers,
                                                       .num_blocks = num_blocks,
                                                       .block_size = block_size,
-                                                      .num_kv_heads = config_.num_kv_heads,
+                                                      .num_kv_heads = local_.num_kv_heads,
                                                       .head_dim = config_.head_dim,
                                                       .dtype = kv_dtype_,
                                                       .layout = KvLayout::kHnd,
@@ -82,7 +90,7 @@ size_t Model::allocate_kv_cache(int32_t num_blocks, int32_t block_size) {
 }
 
 void Model::reserve(int64_t rows, int64_t logit_rows) {
-  const ModelConfig& c = config_;
+  const ModelConfig& c = local_;
   const size_t act = dtype_size(backend_.activation_dtype());
   auto buffer = [&](int64_t elements, size_t element_bytes) { return backend_.allocate(size_t(elements) * element_bytes); };
   if (rows > workspace_rows_) {
@@ -98,9 +106,10 @@ void Model::reserve(int64_t rows, int64_t logit_rows) {
     workspace_rows_ = rows;
   }
   if (logit_rows > workspace_logit_rows_) {
-    logits_in_.reset(), logits_.reset();
+    logits_in_.reset(), logits_.reset(), shard_logits_.reset();
     logits_in_ = buffer(logit_rows * c.hidden_size, act);
-    logits_ = buffer(logit_rows * c.vocab_size, sizeof(float));
+    if (communicator_) shard_logits_ = buffer(logit_rows * c.vocab_size, sizeof(float));
+    logits_ = buffer(logit_rows * logits_width(), sizeof(float));
     workspace_logit_rows_ = logit_rows;
   }
 }
@@ -158,6 +167,12 @@ StepBatch Model::plan_step(std::span<const SequenceChunk> chunks) {
     if (chunks[i].tokens.size() == 1) add_chunk(i);
   for (size_t i = 0; i < chunks.size(); ++i)
     if (chunks[i].tokens.size() != 1) add_chunk(i);
+  if (communicator_) {  // ids outside this rank's vocabulary read its zero row (weights.h)
+    for (int32_t& token : step.tokens) {
+      const int32_t id = token - shard_.vocab_begin;
+      token = id >= 0 && id < shard_.vocab_stored ? id : shard_.vocab_rows;
+    }
+  }
   bool all_want_logits = true;
   for (size_t i = 0; i < chunks.size(); ++i) {
     if (chunks[i].want_logits) step.logit_rows.push_back(last_row[i]);
@@ -206,7 +221,7 @@ StepBatch Model::plan_step(std::span<const SequenceChunk> chunks) {
 }
 
 void Model::forward_layers(const StepBatch& step) {
-  const ModelConfig& c = config_;
+  const ModelConfig& c = local_;
   const int64_t rows = step.num_rows();
   const auto logit_rows = int64_t(step.logit_rows.size());
   const Device dev = backend_.device();
@@ -225,6 +240,7 @@ void Model::forward_layers(const StepBatch& step) {
   Tensor act_out = view(act_, {rows, c.intermediate_size});
 
   backend_.embed(weights_.embedding, step, x);
+  if (communicator_) communicator_->all_reduce_sum(x);
   backend_.rms_norm(x, weights_.layers[0].attn_norm, c.rms_norm_eps, h);
   for (int l = 0; l < c.num_layers; ++l) {
     const LayerWeights& w = weights_.layers[size_t(l)];
@@ -232,10 +248,12 @@ void Model::forward_layers(const StepBatch& step) {
     backend_.rope_append_kv(l, step, qkv, q);
     backend_.attention(l, step, q, attn_heads);
     backend_.matmul(attn, w.o, nullptr, proj);
+    if (communicator_) communicator_->all_reduce_sum(proj);
     backend_.add_rms_norm(x, proj, w.ffn_norm, c.rms_norm_eps, h);
     backend_.matmul(h, w.gate_up, nullptr, gate_up);
     backend_.silu_mul(gate_up, act_out);
     backend_.matmul(act_out, w.down, nullptr, proj);
+    if (communicator_) communicator_->all_reduce_sum(proj);
     if (l + 1 < c.num_layers) {
       backend_.add_rms_norm(x, proj, weights_.layers[size_t(l) + 1].attn_norm, c.rms_norm_eps, h);
     } else {
@@ -246,8 +264,14 @@ void Model::forward_layers(const StepBatch& step) {
   // Final norm and lm_head only for the rows that sample.
   Tensor logits_in = view(logits_in_, {logit_rows, c.hidden_size});
   backend_.rms_norm_logit_rows(x, step, weights_.final_norm, c.rms_norm_eps, logits_in);
-  Tensor logits = Tensor::contiguous(logits_->data(), DType::kF32, {logit_rows, c.vocab_size}, dev);
-  backend_.matmul(logits_in, weights_.lm_head, nullptr, logits);
+  Tensor logits = Tensor::contiguous(logits_->data(), DType::kF32, {logit_rows, logits_width()}, dev);
+  if (!communicator_) {
+    backend_.matmul(logits_in, weights_.lm_head, nullptr, logits);
+    return;
+  }
+  Tensor shard_logits = Tensor::contiguous(shard_logits_->data(), DType::kF32, {logit_rows, c.vocab_size}, dev);
+  backend_.matmul(logits_in, weights_.lm_head, nullptr, shard_logits);
+  communicator_->all_gather(shard_logits, logits);
 }
 
 void Model::run(std::span<const SequenceChunk> chunks) {
@@ -267,8 +291,13 @@ void Model::run(std::span<const SequenceChunk> chunks) {
 }
 
 std::span<const float> Model::download_logits() {
-  host_logits_.resize(size_t(logit_rows_) * size_t(config_.vocab_size));
-  if (logit_rows_ > 0) backend_.download(host_logits_.data(), logits_->data(), host_logits_.size() * sizeof(float));
+  const auto vocab = size_t(config_.vocab_size), width = size_t(logits_width());
+  host_logits_.resize(size_t(logit_rows_) * vocab);
+  if (logit_rows_ > 0 && width == vocab)
+    backend_.download(host_logits_.data(), logits_->data(), host_logits_.size() * sizeof(float));
+  for (size_t r = 0; width != vocab && r < size_t(logit_rows_); ++r)  // without a padded shard's ids
+    backend_.download(host_logits_.data() + r * vocab, static_cast<const float*>(logits_->data()) + r * width,
+                      vocab * sizeof(float));
   return host_logits_;
 }
 
@@ -278,14 +307,9 @@ std::vector<int32_t> Model::sample(std::span<const SamplingRow> rows, int32_t va
   std::vector<int32_t> tokens(rows.size());
   if (rows.empty()) return tokens;
   const Tensor logits = Tensor::contiguous(logits_->data(), DType::kF32,
-                                           {int64_t(step_.logit_rows.size()), config_.vocab_size}, backend_.device());
+                                           {int64_t(step_.logit_rows.size()), logits_width()}, backend_.device());
   backend_.sample(logits, std::clamp(valid_vocab, 1, config_.vocab_size), rows, tokens);
   return tokens;
-}
-
-std::span<const float> Model::forward(std::span<const SequenceChunk> chunks) {
-  run(chunks);
-  return download_logits();
 }
 
 }  // namespace pagoda

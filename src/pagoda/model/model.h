@@ -14,20 +14,18 @@
 
 #include "pagoda/backend/backend.h"
 #include "pagoda/model/checkpoint.h"
+#include "pagoda/model/step_model.h"
 #include "pagoda/model/weights.h"
+#include "pagoda/parallel/communicator.h"
 
 namespace pagoda {
 
-struct SequenceChunk {
-  std::span<const int32_t> tokens;     // the new tokens, at positions start_pos...
-  int32_t start_pos = 0;               // tokens of this sequence already in the KV cache
-  std::span<const int32_t> block_ids;  // its block table, with room for start_pos + tokens.size()
-  bool want_logits = false;            // return logits for the last new token
-};
-
-class Model {
+class Model final : public StepModel {
  public:
-  Model(const Checkpoint& checkpoint, Backend& backend, const LoadOptions& options = {});
+  // communicator non-null: this is one tensor-parallel rank of communicator->world_size(), holding
+  // its shard of the weights and KV heads (shard.h); its collectives join the other ranks'.
+  Model(const Checkpoint& checkpoint, Backend& backend, const LoadOptions& options = {},
+        parallel::Communicator* communicator = nullptr);
 
   const ModelConfig& config() const { return config_; }
   Backend& backend() const { return backend_; }
@@ -58,8 +56,9 @@ class Model {
   // among the first valid_vocab ids (a tokenizer may have fewer tokens than the padded embedding
   // table). rows: one per logit row, in order.
   std::vector<int32_t> sample(std::span<const SamplingRow> rows, int32_t valid_vocab);
-  // run(chunks), then download_logits().
-  std::span<const float> forward(std::span<const SequenceChunk> chunks);
+  int32_t graph_rows(int32_t rows) const { return backend_.graph_rows(rows); }
+  bool can_sample() const { return backend_.can_sample(); }
+  void copy_kv_block(int32_t src, int32_t dst) { backend_.copy_kv_block(src, dst); }
   // Steps so far whose decode rows attended prefix-aware (LoadOptions::attention).
   int64_t prefix_steps() const { return prefix_steps_; }
   // Host seconds, summed over steps, spent making each step ready to launch: its batch, its
@@ -71,8 +70,17 @@ class Model {
   StepBatch plan_step(std::span<const SequenceChunk> chunks);
   attention::AttentionShape attention_shape() const;
   void forward_layers(const StepBatch& step);
+  // Columns of the gathered logits: the vocabulary, padded to a multiple of the ranks.
+  int64_t logits_width() const {
+    return communicator_ ? int64_t(local_.vocab_size) * communicator_->world_size() : config_.vocab_size;
+  }
 
   ModelConfig config_;
+  // A tensor-parallel rank's share (its heads, SwiGLU width and padded vocabulary; config_ when
+  // not split), and the collectives that join the shares (null when not split).
+  parallel::Communicator* communicator_;
+  ShardLayout shard_;
+  ModelConfig local_;
   Backend& backend_;
   ModelWeights weights_;
   int32_t kv_block_size_ = 0;
@@ -93,6 +101,7 @@ class Model {
   int64_t workspace_rows_ = 0;
   int64_t workspace_logit_rows_ = 0;
   std::shared_ptr<Backend::Buffer> x_, h_, qkv_, q_, attn_, proj_, gate_up_, act_, logits_in_, logits_;
+  std::shared_ptr<Backend::Buffer> shard_logits_;  // a rank's [rows, vocab share], before the gather
   StepBatch step_;          // the last step (its ops may still be running on the backend)
   int64_t logit_rows_ = 0;  // of the last step
   std::vector<float> host_logits_;

@@ -12,16 +12,27 @@
 namespace pagoda {
 namespace {
 
-// One source tensor's rows placed in a fused destination, optionally with the rows reordered.
+// One source tensor's rows [row_begin, row_begin + rows) placed in a fused destination,
+// optionally with the rows reordered (a tensor-parallel rank reads only its rows).
 struct Part {
   const StoredTensor* source;
   bool undo_qk_interleave = false;  // llama.cpp q/k row order -> rotate-half order
   int head_dim = 0;
+  int64_t row_begin = 0;
+  int64_t rows = -1;  // -1: to the end
+  int64_t num_rows() const { return rows < 0 ? source->rows - row_begin : rows; }
 };
 
-// Source row feeding destination row `row` of a q/k projection. llama.cpp stores, per head, the
-// rotate-half pair (i, i + d/2) as adjacent rows (2i, 2i + 1); undo that.
+// Columns [begin, begin + count) of every row (count -1: all): a row-parallel rank's share.
+struct Columns {
+  int64_t begin = 0;
+  int64_t count = -1;
+};
+
+// Source row feeding row `row` of a part (of a q/k projection: llama.cpp stores, per head, the
+// rotate-half pair (i, i + d/2) as adjacent rows (2i, 2i + 1); undo that).
 int64_t source_row(const Part& part, int64_t row) {
+  row += part.row_begin;
   if (!part.undo_qk_interleave) return row;
   const int64_t d = part.head_dim, head = row / d, within = row % d;
   const int64_t half = within / (d / 2), i = within % (d / 2);
@@ -60,36 +71,40 @@ class Loader {
   Loader(const Checkpoint& checkpoint, Backend& backend, const LoadOptions& options, ModelWeights& out)
       : checkpoint_(checkpoint), backend_(backend), options_(options), out_(out) {}
 
-  // Concatenates the parts' rows into one [rows, cols] tensor of `dtype` in backend memory.
-  Tensor fused(const std::vector<Part>& parts, DType dtype, ProgressBar* progress) {
-    const int64_t cols = parts[0].source->cols;
-    int64_t rows = 0;
+  // Concatenates the parts' rows (their `columns`) into one [rows + zero_rows, cols] tensor of
+  // `dtype` in backend memory; the zero rows pad a tensor-parallel rank's vocabulary shard.
+  Tensor fused(const std::vector<Part>& parts, DType dtype, ProgressBar* progress, Columns columns = {},
+               int64_t zero_rows = 0) {
+    const int64_t source_cols = parts[0].source->cols;
+    const int64_t cols = columns.count < 0 ? source_cols : columns.count;
+    int64_t rows = zero_rows;
     for (const Part& p : parts) {
-      if (p.source->cols != cols)
+      if (p.source->cols != source_cols)
         fail(ErrorKind::kCorrupt, "'{}': tensor '{}' has {} columns, expected {}", checkpoint_.path(),
-             p.source->name, p.source->cols, cols);
-      rows += p.source->rows;
+             p.source->name, p.source->cols, source_cols);
+      rows += p.num_rows();
     }
     const size_t row_bytes = dtype_bytes(dtype, cols);
-    std::vector<uint8_t> host(size_t(rows) * row_bytes);
+    std::vector<uint8_t> host(size_t(rows) * row_bytes);  // zero bytes are zeros in every dtype
     int64_t dst_row = 0;
     for (const Part& p : parts) {
-      const int64_t n = p.source->rows;
-      if (is_block_quantized(dtype)) {  // the file's blocks, rows in place
+      const int64_t n = p.num_rows();
+      if (is_block_quantized(dtype)) {  // the file's blocks, rows in place (columns on block bounds)
+        const size_t skip = dtype_bytes(dtype, columns.begin);
         for (int64_t r = 0; r < n; ++r)
           std::memcpy(host.data() + size_t(dst_row + r) * row_bytes,
-                      p.source->data + size_t(source_row(p, r)) * p.source->row_bytes, row_bytes);
+                      p.source->data + size_t(source_row(p, r)) * p.source->row_bytes + skip, row_bytes);
         dst_row += n;
         if (progress) progress->advance(int64_t(n) * cols);
         continue;
       }
 #pragma omp parallel
       {
-        std::vector<float> row(static_cast<size_t>(cols));
+        std::vector<float> row(static_cast<size_t>(source_cols));
 #pragma omp for schedule(static)
         for (int64_t r = 0; r < n; ++r) {
           p.source->read_rows(source_row(p, r), 1, row.data());
-          convert_row(row.data(), cols, dtype, host.data() + size_t(dst_row + r) * row_bytes);
+          convert_row(row.data() + columns.begin, cols, dtype, host.data() + size_t(dst_row + r) * row_bytes);
         }
       }
       dst_row += n;
@@ -113,12 +128,16 @@ class Loader {
     return v;
   }
 
-  // Storage type of a matmul weight made of `parts`: their block-quantized type when they share
-  // one the backend multiplies and options ask to keep it, else matmul_dtype of the first.
-  DType storage_dtype(const std::vector<Part>& parts) const {
+  // Storage type of a matmul weight made of `parts`' `columns`: their block-quantized type when
+  // they share one the backend multiplies, options ask to keep it and the columns fall on block
+  // boundaries; else matmul_dtype of the first (dequantized).
+  DType storage_dtype(const std::vector<Part>& parts, Columns columns = {}) const {
     const GgmlType type = parts[0].source->type;
     for (const Part& p : parts)
       if (p.source->type != type) return matmul_dtype(type);
+    const int64_t block = ggml_type_traits(uint32_t(type)).block_size;
+    if (columns.count >= 0 && block > 0 && (columns.begin % block != 0 || columns.count % block != 0))
+      return matmul_dtype(type);
     if (options_.keep_quantized && backend_.activation_dtype() == DType::kF32)
       if (const std::optional<DType> q = quantized_dtype(type)) return *q;
     return matmul_dtype(type);
@@ -149,7 +168,8 @@ class Loader {
 
 }  // namespace
 
-ModelWeights load_weights(const Checkpoint& checkpoint, Backend& backend, const LoadOptions& options) {
+ModelWeights load_weights(const Checkpoint& checkpoint, Backend& backend, const LoadOptions& options,
+                          TensorShard shard) {
   if (options.weight_dtype != DType::kF32 && options.weight_dtype != DType::kF16 &&
       options.weight_dtype != DType::kBF16)
     fail(ErrorKind::kInvalidArgument, "weight dtype must be f32, f16 or bf16");
@@ -157,18 +177,27 @@ ModelWeights load_weights(const Checkpoint& checkpoint, Backend& backend, const 
   if (c.head_dim > 1024) fail(ErrorKind::kUnsupported, "head_dim {} > 1024", c.head_dim);
   ModelWeights w;
   Loader loader(checkpoint, backend, options, w);
+  const bool split = shard.world_size > 1;
+  const ShardLayout s = shard_layout(c, shard);
+  const int64_t d = c.head_dim;
+  // A row-parallel weight's columns: all of them on a single rank.
+  auto columns = [&](int64_t begin, int64_t count) { return split ? Columns{begin, count} : Columns{}; };
 
   int64_t total = 0;
   for (const char* name : {"model.embed_tokens.weight", "lm_head.weight"})
     if (const StoredTensor* t = checkpoint.find(name)) total += t->rows * t->cols;
   total += int64_t(c.num_layers) *
            (int64_t(c.hidden_size) * (2 * c.q_dim() + 2 * c.kv_dim() + 3 * c.intermediate_size) + 2 * c.hidden_size);
-  ProgressBar progress_bar("loading " + checkpoint.path(), total);
+  ProgressBar progress_bar("loading " + checkpoint.path(), total / shard.world_size);
   ProgressBar* progress = options.show_progress ? &progress_bar : nullptr;
 
   const StoredTensor& embed = checkpoint.get("model.embed_tokens.weight");
   loader.check_shape(embed, c.vocab_size, c.hidden_size);
-  w.embedding = loader.fused({Part{&embed}}, loader.storage_dtype({Part{&embed}}), progress);
+  // A rank's embedding shard ends with a zero row: ids outside its shard are remapped to it, so
+  // the sum over ranks of their embeddings is every id's row, exactly.
+  const Part embed_part{&embed, false, 0, s.vocab_begin, s.vocab_stored};
+  w.embedding = loader.fused({embed_part}, loader.storage_dtype({embed_part}), progress, {},
+                             split ? s.vocab_rows - s.vocab_stored + 1 : 0);
 
   for (int l = 0; l < c.num_layers; ++l) {
     const std::string p = "model.layers." + std::to_string(l) + ".";
@@ -182,7 +211,11 @@ ModelWeights load_weights(const Checkpoint& checkpoint, Backend& backend, const 
     loader.check_shape(k, c.kv_dim(), c.hidden_size);
     loader.check_shape(v, c.kv_dim(), c.hidden_size);
     const bool interleaved = checkpoint.qk_rows_interleaved();
-    const std::vector<Part> qkv = {Part{&q, interleaved, c.head_dim}, Part{&k, interleaved, c.head_dim}, Part{&v}};
+    const int64_t q_begin = s.q_head_begin * d, q_rows = s.num_q_heads * d;
+    const int64_t kv_begin = s.kv_head_begin * d, kv_rows = s.num_kv_heads * d;
+    const std::vector<Part> qkv = {Part{&q, interleaved, c.head_dim, q_begin, q_rows},
+                                   Part{&k, interleaved, c.head_dim, kv_begin, kv_rows},
+                                   Part{&v, false, 0, kv_begin, kv_rows}};
     layer.qkv = loader.fused(qkv, loader.storage_dtype(qkv), progress);
     if (c.qkv_bias) {
       const StoredTensor& qb = get("self_attn.q_proj.bias");
@@ -190,7 +223,7 @@ ModelWeights load_weights(const Checkpoint& checkpoint, Backend& backend, const 
       const StoredTensor& vb = get("self_attn.v_proj.bias");
       // Biases are 1-D ([1, n]): the same row reordering applies to their columns, so read them
       // as columns of a one-row tensor and reorder there.
-      std::vector<float> bias(size_t(c.q_dim() + 2 * c.kv_dim()));
+      std::vector<float> bias(size_t(q_rows + 2 * kv_rows));
       std::vector<float> tmp;
       size_t at = 0;
       for (const StoredTensor* b : {&qb, &kb, &vb}) {
@@ -201,8 +234,10 @@ ModelWeights load_weights(const Checkpoint& checkpoint, Backend& backend, const 
         tmp.resize(size_t(b->cols));
         b->read_rows(0, 1, tmp.data());
         const bool reorder = interleaved && b != &vb;
-        for (int64_t i = 0; i < b->cols; ++i) bias[at + size_t(i)] = tmp[size_t(source_row(Part{b, reorder, c.head_dim}, i))];
-        at += size_t(b->cols);
+        const Part part = b == &qb ? Part{b, reorder, c.head_dim, q_begin, q_rows}
+                                   : Part{b, reorder, c.head_dim, kv_begin, kv_rows};
+        for (int64_t i = 0; i < part.num_rows(); ++i) bias[at + size_t(i)] = tmp[size_t(source_row(part, i))];
+        at += size_t(part.num_rows());
       }
       const DType bias_dtype = loader.vector_dtype();
       std::vector<uint8_t> stored(bias.size() * dtype_size(bias_dtype));
@@ -214,7 +249,8 @@ ModelWeights load_weights(const Checkpoint& checkpoint, Backend& backend, const 
     }
     const StoredTensor& o = get("self_attn.o_proj.weight");
     loader.check_shape(o, c.hidden_size, c.q_dim());
-    layer.o = loader.fused({Part{&o}}, loader.storage_dtype({Part{&o}}), progress);
+    const Columns o_columns = columns(q_begin, q_rows);
+    layer.o = loader.fused({Part{&o}}, loader.storage_dtype({Part{&o}}, o_columns), progress, o_columns);
     layer.ffn_norm = loader.vector(p + "post_attention_layernorm.weight", c.hidden_size, progress);
     const StoredTensor& gate = get("mlp.gate_proj.weight");
     const StoredTensor& up = get("mlp.up_proj.weight");
@@ -222,17 +258,21 @@ ModelWeights load_weights(const Checkpoint& checkpoint, Backend& backend, const 
     loader.check_shape(gate, c.intermediate_size, c.hidden_size);
     loader.check_shape(up, c.intermediate_size, c.hidden_size);
     loader.check_shape(down, c.hidden_size, c.intermediate_size);
-    layer.gate_up = loader.fused({Part{&gate}, Part{&up}}, loader.storage_dtype({Part{&gate}, Part{&up}}), progress);
-    layer.down = loader.fused({Part{&down}}, loader.storage_dtype({Part{&down}}), progress);
+    const std::vector<Part> gate_up = {Part{&gate, false, 0, s.ffn_begin, s.ffn_size},
+                                       Part{&up, false, 0, s.ffn_begin, s.ffn_size}};
+    layer.gate_up = loader.fused(gate_up, loader.storage_dtype(gate_up), progress);
+    const Columns down_columns = columns(s.ffn_begin, s.ffn_size);
+    layer.down = loader.fused({Part{&down}}, loader.storage_dtype({Part{&down}}, down_columns), progress, down_columns);
     w.layers.push_back(layer);
   }
   w.final_norm = loader.vector("model.norm.weight", c.hidden_size, progress);
   if (c.tie_word_embeddings) {
-    w.lm_head = w.embedding;
+    w.lm_head = w.embedding.rows(0, s.vocab_rows);  // without the zero row
   } else {
     const StoredTensor& head = checkpoint.get("lm_head.weight");
     loader.check_shape(head, c.vocab_size, c.hidden_size);
-    w.lm_head = loader.fused({Part{&head}}, loader.storage_dtype({Part{&head}}), progress);
+    const Part head_part{&head, false, 0, s.vocab_begin, s.vocab_stored};
+    w.lm_head = loader.fused({head_part}, loader.storage_dtype({head_part}), progress, {}, s.vocab_rows - s.vocab_stored);
   }
   w.rope_inv_freq = rope_inv_freq(c, checkpoint.rope_freq_divisors());
   if (progress) progress->finish();

@@ -9,6 +9,7 @@
 #include "pagoda/backend/backend.h"
 #include "pagoda/core/quantized_paged_kv.h"
 #include "pagoda/model/checkpoint.h"
+#include "pagoda/model/shard.h"
 
 namespace pagoda {
 
@@ -56,6 +57,10 @@ struct LoadOptions {
   bool kv_hadamard = false;  // rotate keys and queries before a quantized cache stores keys
 };
 
-ModelWeights load_weights(const Checkpoint& checkpoint, Backend& backend, const LoadOptions& options);
+// Loads the weights, or (shard.world_size > 1) only a tensor-parallel rank's shard of them
+// (shard.h): its rows and columns read straight from the file. Block-quantized weights stay so
+// where a shard's columns fall on block boundaries; elsewhere they are dequantized.
+ModelWeights load_weights(const Checkpoint& checkpoint, Backend& backend, const LoadOptions& options,
+                          TensorShard shard = {});
 
 }  // namespace pagoda

@@ -10,6 +10,8 @@
 // them, and they order with the ops around them); on the CPU they complete before returning.
 #pragma once
 
+#include <string>
+
 #include "pagoda/core/tensor.h"
 
 namespace pagoda::parallel {
@@ -21,9 +23,18 @@ class Communicator {
   virtual int world_size() const = 0;
   // x = the sum of every rank's x, in place, in x's dtype (f32, f16 or bf16); x is contiguous.
   virtual void all_reduce_sum(Tensor x) = 0;
-  // out [world_size * n, ...] = the ranks' x [n, ...] stacked in rank order; x and out are
-  // contiguous, of one dtype, on every rank.
+  // out [n, world_size * m] = the ranks' x [n, m] side by side in rank order: columns [r * m,
+  // (r + 1) * m) of out are rank r's x. x and out are 2-D, contiguous, of one dtype, on every
+  // rank. (The vocabulary-split lm_head gathers its logits this way, so the full-vocabulary rows
+  // come out ready to sample; with n == 1 it is a plain concatenation.)
   virtual void all_gather(const Tensor& x, Tensor out) = 0;
+
+  // Makes every rank's pending and later collectives throw Error carrying `reason`, instead of
+  // waiting for a rank that failed: the group is unusable after.
+  virtual void abort(const std::string& reason) = 0;
+  // Seconds this rank has spent inside collectives (waiting for the others included), where the
+  // communicator measures it; 0 where collectives are only enqueued.
+  virtual double seconds_in_collectives() const { return 0; }
 };
 
 }  // namespace pagoda::parallel

@@ -47,6 +47,18 @@ void gather(const Tensor& src, float* dst) {
 
 }  // namespace
 
+CpuBackend::CpuBackend(int threads) : threads_(threads) {
+  if (threads > 0) pool_ = std::make_unique<cpu::ThreadPool>(threads);
+}
+
+CpuBackend::~CpuBackend() = default;
+
+void CpuBackend::bind_to_this_thread() {
+  if (threads_ == 0) return;
+  omp_set_num_threads(threads_);  // OpenMP's count is per thread: this one's regions only
+  cpu::ThreadPool::bind_to_this_thread(pool_.get());
+}
+
 std::shared_ptr<Backend::Buffer> CpuBackend::allocate(size_t bytes) { return std::make_shared<HostBuffer>(bytes); }
 void CpuBackend::upload(void* dst, const void* src, size_t bytes) { std::memcpy(dst, src, bytes); }
 void CpuBackend::download(void* dst, const void* src, size_t bytes) { std::memcpy(dst, src, bytes); }

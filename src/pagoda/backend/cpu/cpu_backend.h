@@ -9,14 +9,21 @@
 #include "pagoda/backend/backend.h"
 #include "pagoda/backend/cpu/kv_cache.h"
 #include "pagoda/backend/cpu/quantized_kv_cache.h"
+#include "pagoda/backend/cpu/thread_pool.h"
 
 namespace pagoda {
 
 class CpuBackend final : public Backend {
  public:
+  // threads 0: the process's cores (OpenMP's and the shared ThreadPool's count); > 0: a pool of
+  // its own that many threads wide, for the thread bind_to_this_thread() is called on (a
+  // tensor-parallel rank of threads / N cores).
+  explicit CpuBackend(int threads = 0);
+  ~CpuBackend() override;
   std::string name() const override { return "cpu"; }
   Device device() const override { return Device::kCpu; }
   DType activation_dtype() const override { return DType::kF32; }
+  void bind_to_this_thread() override;
 
   std::shared_ptr<Buffer> allocate(size_t bytes) override;
   void upload(void* device_dst, const void* host_src, size_t bytes) override;
@@ -43,6 +50,8 @@ class CpuBackend final : public Backend {
   std::optional<PrefixPlanning> prefix_planning(const attention::AttentionShape& shape) const override;
 
  private:
+  int threads_ = 0;
+  std::unique_ptr<cpu::ThreadPool> pool_;
   std::unique_ptr<cpu::KvCache> cache_;
   std::unique_ptr<cpu::QuantizedKvCache> quantized_cache_;  // instead of cache_ for int2 and fp8 KV
   std::vector<float> k_scratch_, v_scratch_;  // [rows, kv_heads, head_dim]

@@ -50,10 +50,17 @@ ThreadPool::~ThreadPool() {
   for (std::thread& t : workers_) t.join();
 }
 
+namespace {
+thread_local ThreadPool* bound_pool = nullptr;
+}  // namespace
+
 ThreadPool& ThreadPool::shared() {
+  if (bound_pool) return *bound_pool;
   static ThreadPool pool(omp_get_max_threads());
   return pool;
 }
+
+void ThreadPool::bind_to_this_thread(ThreadPool* pool) { bound_pool = pool; }
 
 void ThreadPool::work(uint32_t job) {
   uint64_t claim = claim_.load(std::memory_order_acquire);

@@ -34,8 +34,11 @@ class ThreadPool {
     run(tasks, [](void* f, int64_t i) { (*static_cast<Fn*>(f))(i); }, &fn);
   }
 
-  // The process's pool, of omp_get_max_threads() threads at its first use (--threads sets that).
+  // The calling thread's pool: the one bound to it by bind_to_this_thread (a tensor-parallel
+  // rank's share of the cores), else the process's, of omp_get_max_threads() threads at its first
+  // use (--threads sets that).
   static ThreadPool& shared();
+  static void bind_to_this_thread(ThreadPool* pool);
 
  private:
   void run(int64_t tasks, void (*fn)(void*, int64_t), void* context);

@@ -43,6 +43,14 @@ DType checked(DType dtype) {
   return dtype;
 }
 
+// Makes `gpu` the current device (-1: keeps the current one) and returns it; before any member
+// allocates (the GEMM workspace is the first).
+int select_gpu(int gpu) {
+  if (gpu >= 0) cuda::check_cuda(cudaSetDevice(gpu), "cudaSetDevice");
+  cuda::check_cuda(cudaGetDevice(&gpu), "cudaGetDevice");
+  return gpu;
+}
+
 // Decode batches are padded up to the next of these sizes (vLLM captures a similar ladder): few
 // graphs, and at most 1/8 of a large batch's rows wasted on padding.
 constexpr std::array<int32_t, 19> kGraphSizes = {1,  2,  4,  8,  16,  24,  32,  40,  48, 56,
@@ -50,7 +58,8 @@ constexpr std::array<int32_t, 19> kGraphSizes = {1,  2,  4,  8,  16,  24,  32,  
 
 }  // namespace
 
-CudaBackend::CudaBackend(DType dtype, const CudaBackendOptions& options) : dtype_(checked(dtype)), options_(options) {
+CudaBackend::CudaBackend(DType dtype, const CudaBackendOptions& options)
+    : dtype_(checked(dtype)), options_(options), gpu_(select_gpu(options.gpu)) {
   cuda::check_cuda(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking), "cudaStreamCreate");
 }
 
@@ -59,6 +68,8 @@ CudaBackend::~CudaBackend() {
   if (kv_staging_) cudaFreeHost(kv_staging_);
   if (stream_) cudaStreamDestroy(stream_);
 }
+
+void CudaBackend::bind_to_this_thread() { cuda::check_cuda(cudaSetDevice(gpu_), "cudaSetDevice"); }
 
 std::shared_ptr<Backend::Buffer> CudaBackend::allocate(size_t bytes) {
   return std::make_shared<DeviceBuffer>(bytes, allocations_);

@@ -33,6 +33,9 @@ namespace pagoda {
 
 struct CudaBackendOptions {
   bool graphs = true;  // capture decode steps into CUDA graphs (off: every op is launched each step)
+  // The GPU to run on, made the constructing thread's current device (every call must come from a
+  // thread whose current device it is: a tensor-parallel rank's own thread); -1: the current one.
+  int gpu = -1;
   cuda::DecodeOptions decode;
 };
 
@@ -47,6 +50,7 @@ class CudaBackend final : public Backend {
   std::string name() const override { return "cuda"; }
   Device device() const override { return Device::kCuda; }
   DType activation_dtype() const override { return dtype_; }
+  void bind_to_this_thread() override;  // makes gpu() the thread's current device
 
   std::shared_ptr<Buffer> allocate(size_t bytes) override;
   void upload(void* device_dst, const void* host_src, size_t bytes) override;
@@ -86,6 +90,7 @@ class CudaBackend final : public Backend {
   // The fp8 or int2 cache's pools of `layer` (null without one): for tests that compare them with
   // the CPU's byte for byte.
   const cuda::QuantizedKvCache* quantized_kv_cache() const { return quantized_kv_.get(); }
+  int gpu() const { return gpu_; }  // the device stream() and every buffer are on
   // Switches graph capture and replay on or off (tests compare the two on one backend, whose
   // GEMM algorithm choices then stay the same).
   void enable_graphs(bool on) { options_.graphs = on; }
@@ -101,6 +106,7 @@ class CudaBackend final : public Backend {
 
   DType dtype_;
   CudaBackendOptions options_;
+  int gpu_ = 0;  // before gemm_: the GEMM workspace is allocated on it
   cudaStream_t stream_ = nullptr;
   cuda::Gemm gemm_;
 
