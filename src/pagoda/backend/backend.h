@@ -83,6 +83,9 @@ class Backend {
   virtual Device device() const = 0;
   // The dtype of activations (and of the KV cache): the model allocates its workspace in it.
   virtual DType activation_dtype() const = 0;
+  // Whether matmul() and embed() take weights stored in the GGUF block-quantized type t (the
+  // loader keeps such weights in their blocks when asked, LoadOptions::keep_quantized).
+  virtual bool takes_quantized_weights(DType /*t*/) const { return false; }
 
   // Owning device memory. A Buffer frees itself through its backend.
   class Buffer;

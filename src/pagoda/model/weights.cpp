@@ -119,8 +119,8 @@ class Loader {
     const GgmlType type = parts[0].source->type;
     for (const Part& p : parts)
       if (p.source->type != type) return matmul_dtype(type);
-    if (options_.keep_quantized && backend_.activation_dtype() == DType::kF32)
-      if (const std::optional<DType> q = quantized_dtype(type)) return *q;
+    if (options_.keep_quantized)
+      if (const std::optional<DType> q = quantized_dtype(type); q && backend_.takes_quantized_weights(*q)) return *q;
     return matmul_dtype(type);
   }
 
