@@ -6,7 +6,6 @@
 #include <type_traits>
 
 #include "pagoda/backend/cuda/check.h"
-#include "pagoda/backend/cuda/kernels/layer_ops.cuh"
 #include "pagoda/backend/cuda/kernels/quant_blocks.cuh"
 
 namespace pagoda::cuda {
@@ -20,6 +19,18 @@ using kernels::stage_bytes;
 constexpr int kGemvWarps = 4;     // output rows per CTA, one per warp
 constexpr int kGemvStages = 4;    // chunks of a row in flight per warp
 constexpr int kDequantWarps = 8;  // (row, chunk) items per CTA, one per warp
+constexpr int kVector = 8;        // activations in one 16-byte load
+
+template <typename T>
+__device__ __forceinline__ void unpack8(uint4 v, float (&f)[kVector]) {
+  const uint32_t words[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const float2 pair = ptx::unpack2<T>(words[i]);
+    f[2 * i] = pair.x;
+    f[2 * i + 1] = pair.y;
+  }
+}
 
 template <typename T>
 __device__ __forceinline__ void store(T* out, int64_t at, float v) {
@@ -75,11 +86,11 @@ __global__ void __launch_bounds__(kGemvWarps * 32)
           const uint4* xv = reinterpret_cast<const uint4*>(x + int64_t(b) * k + int64_t(p) * kPiece);
           float sum = 0.f;
 #pragma unroll
-          for (int v = 0; v < kPiece / kernels::kVector; ++v) {
-            float f[kernels::kVector];
-            kernels::unpack8<T>(__ldg(xv + v), f);
+          for (int v = 0; v < kPiece / kVector; ++v) {
+            float f[kVector];
+            unpack8<T>(__ldg(xv + v), f);
 #pragma unroll
-            for (int i = 0; i < kernels::kVector; ++i) sum = fmaf(f[i], y[kernels::kVector * v + i], sum);
+            for (int i = 0; i < kVector; ++i) sum = fmaf(f[i], y[kVector * v + i], sum);
           }
           acc[b] += sum;
         }
