@@ -1250,9 +1250,10 @@ inline std::vector<std::unique_ptr<OpTest>> correctness_table() {
   add(new Matmul(4, 19, 35, DType::kBF16, false));
   add(new Matmul(33, 513, 100, DType::kBF16, false));
   add(new Matmul(8, 300, 72, DType::kF32, true));
-  // GGUF blocks (a GPU: the GEMV up to 16 rows, dequantized + cuBLASLt above): every type at one
-  // decode row; rows 18 blocks long (SmolLM2's 576) whose starts are not 16-byte aligned; the
-  // logits; a bias on both paths.
+  // GGUF blocks (the CUDA backend: its GEMV up to 64 rows in f16 and 16 in bf16, dequantized +
+  // cuBLASLt above): every type at one decode row; rows 18 blocks long (SmolLM2's 576) whose
+  // starts are not 16-byte aligned; the logits, 1000 rows (a partial tile of 16); 2-5 tiles of 8
+  // activation rows; a bias on every path.
   for (DType q : {DType::kQ4_0, DType::kQ4_1, DType::kQ5_0, DType::kQ5_1, DType::kQ8_0, DType::kQ4_K, DType::kQ5_K,
                   DType::kQ6_K})
     add(new Matmul(1, 72, 1280, q, false));
@@ -1260,7 +1261,8 @@ inline std::vector<std::unique_ptr<OpTest>> correctness_table() {
   add(new Matmul(3, 1000, 576, DType::kQ8_0, false, true));
   add(new Matmul(16, 40, 768, DType::kQ6_K, false));
   add(new Matmul(17, 64, 512, DType::kQ4_K, false));
-  add(new Matmul(33, 72, 576, DType::kQ5_0, true));
+  add(new Matmul(40, 48, 256, DType::kQ5_1, false));
+  add(new Matmul(65, 72, 576, DType::kQ5_0, true));
   add(new Embed(50, 576, {7, 0, 49, 7, 23}, DType::kQ8_0));
   add(new Embed(20, 256, {3, 19}, DType::kQ6_K));
   add(new Elementwise(E::kSiluMul, 4, 1536));

@@ -5,7 +5,7 @@
 // bytes are staged one by one). The matmuls are checked against the dequantized f32 reference in
 // the backend-op table (tests/backend/backend_ops.h); here, what the table cannot show: the GEMV
 // of a row equals the same row's GEMV in a batch (a decode row's result does not depend on the
-// rows beside it, up to the 16 rows the GEMV takes).
+// rows beside it, up to the rows one GEMV takes), on both kernels.
 #include <gtest/gtest.h>
 
 #include <cstring>
@@ -67,11 +67,19 @@ INSTANTIATE_TEST_SUITE_P(EveryType, QuantDequantize, ::testing::ValuesIn(kTypes)
 
 class QuantGemv : public GpuTestWithParam<DType> {};
 
+void expect_batch_invariant(DType t, QuantGemvKernel kernel, int64_t n);
+
 // Each row of a batch of n gets exactly what it gets alone: the GEMV's sum over a row's pieces
 // is the same whatever n is.
 TEST_P(QuantGemv, ARowsResultDoesNotDependOnTheBatch) {
-  const DType t = GetParam();
-  const int64_t m = 70, k = 2048, n = 16;
+  for (const QuantGemvKernel kernel : {QuantGemvKernel::kAuto, QuantGemvKernel::kSimt}) {
+    SCOPED_TRACE(kernel == QuantGemvKernel::kAuto ? "tensor cores" : "simt");
+    expect_batch_invariant(GetParam(), kernel, kernel == QuantGemvKernel::kAuto ? 64 : 16);
+  }
+}
+
+void expect_batch_invariant(DType t, QuantGemvKernel kernel, int64_t n) {
+  const int64_t m = 70, k = 2048;
   Random rng(uint64_t(t) + 5);
   const std::vector<uint8_t> bytes = random_blocks(t, size_t(m * k / block_elements(t)), rng);
   std::vector<uint16_t> x(size_t(n * k));
@@ -81,11 +89,12 @@ TEST_P(QuantGemv, ARowsResultDoesNotDependOnTheBatch) {
   DeviceArray<uint16_t> device_x;
   device_x.upload(x);
   DeviceArray<uint16_t> batch_out{size_t(n * m)}, row_out{size_t(m)};
-  quant_gemv(device_x.data(), w.data(), t, nullptr, batch_out.data(), n, m, k, DType::kF16, DType::kF16, nullptr);
+  quant_gemv(device_x.data(), w.data(), t, nullptr, batch_out.data(), n, m, k, DType::kF16, DType::kF16, nullptr,
+             kernel);
   const std::vector<uint16_t> batched = batch_out.download();
-  for (const int64_t row : {int64_t(0), int64_t(5), n - 1}) {
+  for (const int64_t row : {int64_t(0), int64_t(5), int64_t(13), n - 1}) {
     quant_gemv(device_x.data() + row * k, w.data(), t, nullptr, row_out.data(), 1, m, k, DType::kF16, DType::kF16,
-               nullptr);
+               nullptr, kernel);
     const std::vector<uint16_t> alone = row_out.download();
     for (int64_t j = 0; j < m; ++j)
       ASSERT_EQ(alone[size_t(j)], batched[size_t(row * m + j)]) << dtype_name(t) << " row " << row << " out " << j;

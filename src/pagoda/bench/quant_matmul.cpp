@@ -2,8 +2,9 @@
 // queued behind a GPU sleep and an L2 flush (bench/cuda_support.h), so weights come from device
 // memory as in a decode step, whose previous layer evicted them. Variants per (type, shape,
 // batch):
-//   - quant: what CudaBackend::matmul runs: the GEMV up to kQuantGemvMaxRows rows, above that the
-//     whole matrix dequantized to f16 and cuBLASLt;
+//   - quant: what CudaBackend::matmul runs: the tensor-core GEMV up to quant_gemv_max_rows rows,
+//     above that the whole matrix dequantized to f16 and cuBLASLt;
+//   - simt: the SIMT GEMV (the bf16 path) up to 16 rows, the tensor-core one's baseline;
 //   - dequant_gemm: that second path at every batch, for comparison;
 //   - f16: cuBLASLt on the same shape in f16 (weights dequantized at load), its algorithm timed
 //     and chosen as the backend does for decode batches.
@@ -141,8 +142,8 @@ void run_quant_matmul_bench(const QuantMatmulBenchOptions& options) {
   };
 
   nlohmann::json rows = nlohmann::json::array();
-  std::printf("| type | m x k | batch | quant path | quant (us) | bound (us) | of bound | dequant+gemm (us) | f16 (us) | "
-              "f16 of bound | speedup vs f16 |\n|---|---|---:|---|---:|---:|---:|---:|---:|---:|---:|\n");
+  std::printf("| type | m x k | batch | quant path | quant (us) | bound (us) | of bound | simt (us) | dequant+gemm (us) | "
+              "f16 (us) | f16 of bound | speedup vs f16 |\n|---|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|\n");
   for (DType t : types) {
     for (const Shape& s : shapes) {
       const std::vector<uint8_t> host = random_blocks(t, s.m * s.k / block_elements(t), uint64_t(t) * 7 + uint64_t(s.m));
@@ -157,22 +158,27 @@ void run_quant_matmul_bench(const QuantMatmulBenchOptions& options) {
           cuda::dequantize_rows(weights.data(), t, s.m, s.k, nullptr, s.m, DType::kF16, scratch.data(), stream);
           gemm.run(x.data(), scratch.data(), nullptr, out.data(), n, s.m, s.k, DType::kF16, DType::kF16, stream, true);
         };
-        const bool gemv = n <= cuda::kQuantGemvMaxRows;
+        const bool gemv = n <= cuda::quant_gemv_max_rows(DType::kF16);
         const double dequant_gemm_us = time_us(dequant_gemm);
-        const double quant_us = gemv ? time_us([&] {
-          cuda::quant_gemv(x.data(), weights.data(), t, nullptr, out.data(), n, s.m, s.k, DType::kF16, DType::kF16,
-                           stream);
-        })
-                                     : dequant_gemm_us;
+        auto gemv_us = [&](cuda::QuantGemvKernel kernel) {
+          return time_us([&] {
+            cuda::quant_gemv(x.data(), weights.data(), t, nullptr, out.data(), n, s.m, s.k, DType::kF16, DType::kF16,
+                             stream, kernel);
+          });
+        };
+        const double quant_us = gemv ? gemv_us(cuda::QuantGemvKernel::kAuto) : dequant_gemm_us;
+        const double simt_us = n <= cuda::kQuantGemvSimtMaxRows ? gemv_us(cuda::QuantGemvKernel::kSimt) : 0;
         const double f16_us = time_us([&] {
           gemm.run(x.data(), f16_weights.data(), nullptr, out.data(), n, s.m, s.k, DType::kF16, DType::kF16, stream,
                    true);
         });
         const std::string shape = fmt::format("{}x{}", s.m, s.k);
         const char* path = gemv ? "gemv" : "dequant+gemm";
-        std::printf("| %s | %s | %d | %s | %.1f | %.1f | %.2f | %.1f | %.1f | %.2f | %.2f |\n",
+        const std::string simt = simt_us > 0 ? fmt::format("{:.1f}", simt_us) : "-";
+        std::printf("| %s | %s | %d | %s | %.1f | %.1f | %.2f | %s | %.1f | %.1f | %.2f | %.2f |\n",
                     std::string(dtype_name(t)).c_str(), shape.c_str(), batch, path, quant_us, bound_us,
-                    bound_us / quant_us, dequant_gemm_us, f16_us, f16_bound_us / f16_us, f16_us / quant_us);
+                    bound_us / quant_us, simt.c_str(), dequant_gemm_us, f16_us, f16_bound_us / f16_us,
+                    f16_us / quant_us);
         std::fflush(stdout);
         rows.push_back({{"type", dtype_name(t)},
                         {"m", s.m},
@@ -183,6 +189,7 @@ void run_quant_matmul_bench(const QuantMatmulBenchOptions& options) {
                         {"quant_us", quant_us},
                         {"quant_bound_us", bound_us},
                         {"quant_of_bound", bound_us / quant_us},
+                        {"simt_us", simt_us > 0 ? nlohmann::json(simt_us) : nlohmann::json(nullptr)},
                         {"dequant_gemm_us", dequant_gemm_us},
                         {"f16_us", f16_us},
                         {"f16_bound_us", f16_bound_us},

@@ -11,7 +11,7 @@ namespace pagoda::bench {
 
 struct QuantMatmulBenchOptions {
   std::vector<std::string> types{"q4_0", "q4_1", "q5_0", "q5_1", "q8_0", "q4_k", "q5_k", "q6_k"};
-  std::vector<int> batches{1, 8, 16, 64};
+  std::vector<int> batches{1, 8, 16, 64, 256};
   // m x k: Llama-3-8B's o (and q) projection, gate/up fused, down.
   std::vector<std::string> shapes{"4096x4096", "28672x4096", "4096x14336"};
   int runs = 20;

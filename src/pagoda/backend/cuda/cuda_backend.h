@@ -130,7 +130,7 @@ class CudaBackend final : public Backend {
   cuda::PrefillWorkspace prefill_;
   int32_t num_decode_ = 0;
   bool has_prefill_ = false;
-  // A quantized weight dequantized for a matmul of more than kQuantGemvMaxRows rows (grows to the
+  // A quantized weight dequantized for a matmul of more rows than quant_gemv takes (grows to the
   // largest such weight; a graph captures its address, so its generation counts).
   cuda::DeviceArray<uint16_t> dequantized_;
   cuda::DeviceArray<cuda::SampleRow> sample_rows_;

@@ -187,6 +187,117 @@ __device__ __forceinline__ void dequantize_piece(const uint8_t* blocks, int p, f
   }
 }
 
+// ---- Tensor-core operands -----------------------------------------------------------------
+//
+// The GEMV on tensor cores (quant_matmul.cu) multiplies a warp's 16 weight rows by up to 8
+// activation rows per mma.sync.m16n8k16. A piece (32 weights of a row) is two k-steps of 16. A
+// dot product does not care in which order its terms come, so the weights of a piece are
+// assigned to k-slots in whatever order is cheapest to unpack, and the activations are loaded in
+// the same order. Lane (g, t) = (lane / 4, lane % 4) holds, of rows g and g + 8, the weights
+// w[4t .. 4t+3] and w[16+4t .. 16+4t+3] of each piece, as four f16 pairs:
+//   h[0] = (w[4t], w[4t+2]),       h[2] = (w[4t+1], w[4t+3])        -> k-step 0 (a lo, a hi)
+//   h[1] = (w[16+4t], w[16+4t+2]), h[3] = (w[16+4t+1], w[16+4t+3])  -> k-step 1 (a lo, a hi)
+// Each pair holds 1024 + u, u the weight's unsigned code (< 1024, so exact in f16: OR-ing the
+// code into the mantissa of 1024.0 replaces an integer-to-float conversion per weight), and
+// w = scale * u + offset. The mma then gives T = sum (1024 + u) x and, against an all-ones A,
+// S = sum x, so that sum w x = scale * T + (offset - 1024 scale) * S: the scales are applied once
+// per piece and row, in fp32.
+constexpr uint32_t kHalfMagic = 0x64006400u;  // 1024.0 in both halves of an f16 pair
+
+// Pairs (nibble of byte 0, of byte 2) of x >> shift, as 1024 + code.
+__device__ __forceinline__ uint32_t nibbles_02(uint32_t x, int shift) { return ((x >> shift) & 0x000f000fu) | kHalfMagic; }
+
+template <DType kType>
+struct PieceOperands {
+  uint32_t h[4];
+  float scale[2], offset[2];  // per k-step (equal except for q6_k, whose 16-weight halves have their own scales)
+};
+
+// The operands of piece p of the chunk at `blocks` (staged, 4-byte aligned words around it) for
+// lane t (0..3) of a row's four lanes.
+template <DType kType>
+__device__ __forceinline__ void unpack_piece(const uint8_t* blocks, int p, int t, PieceOperands<kType>& o) {
+  if constexpr (kType == DType::kQ4_0 || kType == DType::kQ4_1 || kType == DType::kQ5_0 || kType == DType::kQ5_1) {
+    constexpr bool kMin = kType == DType::kQ4_1 || kType == DType::kQ5_1;
+    constexpr bool kHigh = kType == DType::kQ5_0 || kType == DType::kQ5_1;
+    const uint8_t* b = blocks + p * int(block_bytes(kType));
+    const uint32_t head = word_at(b);
+    const float d = f16_bits(head);
+    const int qh_at = kMin ? 4 : 2;
+    const uint32_t w = word_at(b + qh_at + (kHigh ? 4 : 0) + 4 * t);  // qs[4t .. 4t+3]: w[j] low, w[16+j] high nibble
+    o.h[0] = nibbles_02(w, 0);
+    o.h[2] = nibbles_02(w, 8);
+    o.h[1] = nibbles_02(w, 4);
+    o.h[3] = nibbles_02(w, 12);
+    if constexpr (kHigh) {  // bit j of qh is bit 4 of w[j]
+      const uint32_t qh = word_at(b + qh_at);
+      const uint32_t lo = qh >> (4 * t), hi = qh >> (16 + 4 * t);
+      o.h[0] |= ((lo & 1u) << 4) | ((lo & 4u) << 18);
+      o.h[2] |= ((lo & 2u) << 3) | ((lo & 8u) << 17);
+      o.h[1] |= ((hi & 1u) << 4) | ((hi & 4u) << 18);
+      o.h[3] |= ((hi & 2u) << 3) | ((hi & 8u) << 17);
+    }
+    const float offset = kMin ? f16_bits(head >> 16) : -float(kHigh ? 16 : 8) * d;
+    o.scale[0] = o.scale[1] = d;
+    o.offset[0] = o.offset[1] = offset;
+  } else if constexpr (kType == DType::kQ8_0) {
+    const uint8_t* b = blocks + p * int(block_bytes(kType));
+    const float d = f16_bits(word_at(b));
+    const uint32_t lo = word_at(b + 2 + 4 * t) ^ 0x80808080u;  // int8 -> code q + 128
+    const uint32_t hi = word_at(b + 2 + 16 + 4 * t) ^ 0x80808080u;
+    // (byte 0, 0x64, byte 2, 0x64): the f16 pair (1024 + byte 0, 1024 + byte 2).
+    o.h[0] = __byte_perm(lo, 0x64u, 0x4240);
+    o.h[2] = __byte_perm(lo, 0x64u, 0x4341);
+    o.h[1] = __byte_perm(hi, 0x64u, 0x4240);
+    o.h[3] = __byte_perm(hi, 0x64u, 0x4341);
+    o.scale[0] = o.scale[1] = d;
+    o.offset[0] = o.offset[1] = -128.f * d;
+  } else if constexpr (kType == DType::kQ4_K || kType == DType::kQ5_K) {
+    constexpr bool kHigh = kType == DType::kQ5_K;
+    const uint8_t* b = blocks + (p / 8) * int(block_bytes(kType));
+    const int sub = p % 8, chunk = sub / 2, nibble = (sub % 2) * 4;
+    const uint32_t head = word_at(b);
+    uint32_t scales[3];
+    words_at<3>(b + 4, scales);
+    int scale, min;
+    k_scale_min(scales, sub, scale, min);
+    const uint8_t* q = b + 16 + (kHigh ? 32 : 0) + 32 * chunk;  // w[l] is byte l's nibble
+    const uint32_t lo = word_at(q + 4 * t), hi = word_at(q + 16 + 4 * t);
+    o.h[0] = nibbles_02(lo, nibble);
+    o.h[2] = nibbles_02(lo, nibble + 8);
+    o.h[1] = nibbles_02(hi, nibble);
+    o.h[3] = nibbles_02(hi, nibble + 8);
+    if constexpr (kHigh) {  // bit `sub` of qh[l] is bit 4 of w[l]
+      const uint32_t qh_lo = word_at(b + 16 + 4 * t), qh_hi = word_at(b + 16 + 16 + 4 * t);
+      o.h[0] |= ((qh_lo >> sub) & 0x00010001u) << 4;
+      o.h[2] |= ((qh_lo >> (sub + 8)) & 0x00010001u) << 4;
+      o.h[1] |= ((qh_hi >> sub) & 0x00010001u) << 4;
+      o.h[3] |= ((qh_hi >> (sub + 8)) & 0x00010001u) << 4;
+    }
+    const float d = f16_bits(head), dmin = f16_bits(head >> 16);
+    o.scale[0] = o.scale[1] = d * float(scale);
+    o.offset[0] = o.offset[1] = -(dmin * float(min));
+  } else if constexpr (kType == DType::kQ6_K) {
+    const uint8_t* b = blocks + (p / 8) * int(block_bytes(kType));
+    const int sub = p % 8, half = sub / 4, group = sub % 4;
+    const uint8_t* ql = b + 64 * half + 32 * (group & 1);  // w[l]: nibble of ql[l], 2 bits of qh[l]
+    const uint8_t* qh = b + 128 + 32 * half;
+    const int nibble = (group / 2) * 4, high = 2 * group;
+    const uint32_t l0 = word_at(ql + 4 * t), l1 = word_at(ql + 16 + 4 * t);
+    const uint32_t h0 = word_at(qh + 4 * t), h1 = word_at(qh + 16 + 4 * t);
+    o.h[0] = nibbles_02(l0, nibble) | ((h0 >> high) & 0x00030003u) << 4;
+    o.h[2] = nibbles_02(l0, nibble + 8) | ((h0 >> (high + 8)) & 0x00030003u) << 4;
+    o.h[1] = nibbles_02(l1, nibble) | ((h1 >> high) & 0x00030003u) << 4;
+    o.h[3] = nibbles_02(l1, nibble + 8) | ((h1 >> (high + 8)) & 0x00030003u) << 4;
+    const float d = f16_bits(word_at(b + 208));
+    const uint32_t sc = word_at(b + 192 + 8 * half + 2 * group);  // the scales of w[0..15] and w[16..31]
+    o.scale[0] = d * float(int8_t(sc & 0xffu));
+    o.scale[1] = d * float(int8_t((sc >> 8) & 0xffu));
+    o.offset[0] = -32.f * o.scale[0];
+    o.offset[1] = -32.f * o.scale[1];
+  }
+}
+
 // Calls fn.template operator()<kType>() for a runtime block-quantized dtype.
 template <typename Fn>
 void dispatch_quantized(DType t, Fn&& fn) {

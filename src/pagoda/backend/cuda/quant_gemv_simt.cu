@@ -1,5 +1,4 @@
-#include "pagoda/backend/cuda/quant_matmul.h"
-
+// The SIMT GEMV of quant_matmul.h (bf16 activations, and the tensor-core kernel's baseline).
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
@@ -7,6 +6,8 @@
 
 #include "pagoda/backend/cuda/check.h"
 #include "pagoda/backend/cuda/kernels/quant_blocks.cuh"
+#include "pagoda/backend/cuda/quant_launch.h"
+#include "pagoda/backend/cuda/quant_matmul.h"
 
 namespace pagoda::cuda {
 namespace {
@@ -16,10 +17,9 @@ using kernels::kChunkPieces;
 using kernels::kPiece;
 using kernels::stage_bytes;
 
-constexpr int kGemvWarps = 4;     // output rows per CTA, one per warp
-constexpr int kGemvStages = 4;    // chunks of a row in flight per warp
-constexpr int kDequantWarps = 8;  // (row, chunk) items per CTA, one per warp
-constexpr int kVector = 8;        // activations in one 16-byte load
+constexpr int kGemvWarps = 4;   // output rows per CTA, one per warp
+constexpr int kGemvStages = 4;  // chunks of a row in flight per warp
+constexpr int kVector = 8;      // activations in one 16-byte load
 
 template <typename T>
 __device__ __forceinline__ void unpack8(uint4 v, float (&f)[kVector]) {
@@ -41,7 +41,8 @@ __device__ __forceinline__ void store(T* out, int64_t at, float v) {
   }
 }
 
-// One warp per output row. The row's chunks (1024 weights each) are staged kGemvStages ahead by
+// The SIMT GEMV (bf16 activations, and the baseline of the tensor-core one): one warp per
+// output row. The row's chunks (1024 weights each) are staged kGemvStages ahead by
 // cp.async, so each warp keeps several KB of the stream in flight; lane l dequantizes piece l of
 // each chunk once and multiplies it into every activation row. The warp's partial sums meet by
 // shuffles, and lane b stores row b's output.
@@ -114,38 +115,6 @@ __global__ void __launch_bounds__(kGemvWarps * 32)
   }
 }
 
-// One warp per (output row, chunk): stage the chunk, each lane dequantizes one piece and stores
-// its 32 values.
-template <typename OutT, DType kType>
-__global__ void __launch_bounds__(kDequantWarps * 32)
-    dequantize_rows_kernel(const uint8_t* __restrict__ w, int64_t rows, int64_t k, const int32_t* __restrict__ ids,
-                           int64_t n, OutT* __restrict__ out) {
-  constexpr int kChunkBytes = chunk_bytes(kType);
-  __shared__ __align__(16) uint8_t stages[kDequantWarps][stage_bytes(kType)];
-  const int warp = int(threadIdx.x) / 32, lane = int(threadIdx.x) % 32;
-  const int pieces = int(k / kPiece);
-  const int chunks = (pieces + kChunkPieces - 1) / kChunkPieces;
-  const int64_t item = int64_t(blockIdx.x) * kDequantWarps + warp;
-  if (item >= n * chunks) return;
-  const int64_t i = item / chunks;
-  const int c = int(item % chunks);
-  const int64_t row = ids ? ids[i] : i;
-  const int64_t row_bytes = int64_t(dtype_bytes(kType, k));
-  const int64_t begin = row * row_bytes + int64_t(c) * kChunkBytes;
-  const int shift = kernels::stage_chunk(w, rows * row_bytes, begin, min(begin + kChunkBytes, (row + 1) * row_bytes),
-                                         stages[warp], lane);
-  ptx::cp_async_commit();
-  ptx::cp_async_wait<0>();
-  __syncwarp();
-  const int p = c * kChunkPieces + lane;
-  if (p >= pieces) return;
-  float y[kPiece];
-  kernels::dequantize_piece<kType>(stages[warp] + shift, lane, y);
-  OutT* dst = out + i * k + int64_t(p) * kPiece;
-#pragma unroll
-  for (int j = 0; j < kPiece; ++j) store(dst, j, y[j]);
-}
-
 template <typename Fn>
 void dispatch_activation(DType dtype, const char* what, Fn&& fn) {
   if (dtype == DType::kF16) {
@@ -157,17 +126,11 @@ void dispatch_activation(DType dtype, const char* what, Fn&& fn) {
   }
 }
 
-bool aligned_16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
-
 }  // namespace
 
-void quant_gemv(const void* x, const void* w, DType w_type, const void* bias, void* out, int64_t n, int64_t m,
-                int64_t k, DType act, DType out_type, cudaStream_t stream) {
-  const char* what = "quant_gemv (shape, type or alignment)";
-  if (!quantized_matmul_type(w_type) || n < 1 || n > kQuantGemvMaxRows || m < 1 || k < 1 ||
-      k % block_elements(w_type) != 0 || (out_type != act && out_type != DType::kF32) || !aligned_16(x) ||
-      !aligned_16(w) || (bias && out_type != act))
-    check_cuda(cudaErrorInvalidValue, what);
+void launch_quant_gemv_simt(const void* x, const void* w, DType w_type, const void* bias, void* out, int64_t n,
+                            int64_t m, int64_t k, DType act, DType out_type, cudaStream_t stream) {
+  const char* what = "quant_gemv (activation dtype)";
   const dim3 grid(unsigned((m + kGemvWarps - 1) / kGemvWarps));
   dispatch_activation(act, what, [&]<typename T>() {
     kernels::dispatch_quantized(w_type, [&]<DType kType>() {
@@ -190,33 +153,6 @@ void quant_gemv(const void* x, const void* w, DType w_type, const void* bias, vo
     });
   });
   check_cuda(cudaGetLastError(), "quant_gemv launch");
-}
-
-void dequantize_rows(const void* w, DType w_type, int64_t rows, int64_t k, const int32_t* ids, int64_t n,
-                     DType out_type, void* out, cudaStream_t stream) {
-  const char* what = "dequantize_rows (shape, type or alignment)";
-  if (!quantized_matmul_type(w_type) || k < 1 || k % block_elements(w_type) != 0 || rows < 0 || n < 0 ||
-      !aligned_16(w) || !aligned_16(out))
-    check_cuda(cudaErrorInvalidValue, what);
-  if (n == 0) return;
-  const int64_t chunks = (k / kPiece + kChunkPieces - 1) / kChunkPieces;
-  const dim3 grid(unsigned((n * chunks + kDequantWarps - 1) / kDequantWarps));
-  kernels::dispatch_quantized(w_type, [&]<DType kType>() {
-    auto launch = [&]<typename OutT>() {
-      dequantize_rows_kernel<OutT, kType><<<grid, kDequantWarps * 32, 0, stream>>>(
-          static_cast<const uint8_t*>(w), rows, k, ids, n, static_cast<OutT*>(out));
-    };
-    if (out_type == DType::kF32) {
-      launch.template operator()<float>();
-    } else if (out_type == DType::kF16) {
-      launch.template operator()<__half>();
-    } else if (out_type == DType::kBF16) {
-      launch.template operator()<__nv_bfloat16>();
-    } else {
-      check_cuda(cudaErrorInvalidValue, what);
-    }
-  });
-  check_cuda(cudaGetLastError(), "dequantize_rows launch");
 }
 
 }  // namespace pagoda::cuda
