@@ -35,7 +35,7 @@ if has throughput; then
   [[ -d $ckpt ]] || ./build/pagoda make-model --arch llama3-8b --layers "$layers" --out "$ckpt" >/dev/null
   [[ -f $ckpt-q4_k.gguf ]] || ./build/pagoda quantize "$ckpt" "$ckpt-q4_k.gguf" --type q4_k >/dev/null
   for batch in 1 64; do
-    for dtype in auto f16; do
+    for dtype in file f16; do
       ./build/pagoda bench throughput -m "$ckpt-q4_k.gguf" --backend cuda --weight-dtype $dtype --max-batch $batch \
         --batch $batch --input 128 --output 128 --json "$out/throughput_q4_k_${dtype}_b$batch.json" \
         >"$out/throughput_q4_k_${dtype}_b$batch.txt" 2>&1 || true

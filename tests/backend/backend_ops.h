@@ -1250,10 +1250,10 @@ inline std::vector<std::unique_ptr<OpTest>> correctness_table() {
   add(new Matmul(4, 19, 35, DType::kBF16, false));
   add(new Matmul(33, 513, 100, DType::kBF16, false));
   add(new Matmul(8, 300, 72, DType::kF32, true));
-  // GGUF blocks (the CUDA backend: its GEMV up to 64 rows in f16 and 16 in bf16, dequantized +
-  // cuBLASLt above): every type at one decode row; rows 18 blocks long (SmolLM2's 576) whose
-  // starts are not 16-byte aligned; the logits, 1000 rows (a partial tile of 16); 2-5 tiles of 8
-  // activation rows; a bias on every path.
+  // GGUF blocks (the CUDA backend: a GEMV up to 16 rows, SIMT for one row and bf16, tensor cores
+  // for 2-16 rows of f16; dequantized + cuBLASLt above): every type at one decode row; rows 18
+  // blocks long (SmolLM2's 576) whose starts are not 16-byte aligned; the logits, 1000 rows (a
+  // partial tile of 16); a bias on every path.
   for (DType q : {DType::kQ4_0, DType::kQ4_1, DType::kQ5_0, DType::kQ5_1, DType::kQ8_0, DType::kQ4_K, DType::kQ5_K,
                   DType::kQ6_K})
     add(new Matmul(1, 72, 1280, q, false));

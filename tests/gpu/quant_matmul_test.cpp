@@ -72,9 +72,10 @@ void expect_batch_invariant(DType t, QuantGemvKernel kernel, int64_t n);
 // Each row of a batch of n gets exactly what it gets alone: the GEMV's sum over a row's pieces
 // is the same whatever n is.
 TEST_P(QuantGemv, ARowsResultDoesNotDependOnTheBatch) {
-  for (const QuantGemvKernel kernel : {QuantGemvKernel::kAuto, QuantGemvKernel::kSimt}) {
-    SCOPED_TRACE(kernel == QuantGemvKernel::kAuto ? "tensor cores" : "simt");
-    expect_batch_invariant(GetParam(), kernel, kernel == QuantGemvKernel::kAuto ? 64 : 16);
+  for (const QuantGemvKernel kernel : {QuantGemvKernel::kTensorCores, QuantGemvKernel::kSimt}) {
+    SCOPED_TRACE(kernel == QuantGemvKernel::kTensorCores ? "tensor cores" : "simt");
+    expect_batch_invariant(GetParam(), kernel,
+                           kernel == QuantGemvKernel::kTensorCores ? kQuantGemvTensorCoreMaxRows : kQuantGemvMaxRows);
   }
 }
 

@@ -2,9 +2,10 @@
 // queued behind a GPU sleep and an L2 flush (bench/cuda_support.h), so weights come from device
 // memory as in a decode step, whose previous layer evicted them. Variants per (type, shape,
 // batch):
-//   - quant: what CudaBackend::matmul runs: the tensor-core GEMV up to quant_gemv_max_rows rows,
-//     above that the whole matrix dequantized to f16 and cuBLASLt;
-//   - simt: the SIMT GEMV (the bf16 path) up to 16 rows, the tensor-core one's baseline;
+//   - quant: what CudaBackend::matmul runs: quant_gemv's kAuto up to kQuantGemvMaxRows rows (SIMT
+//     for one row, tensor cores for 2-16), above that the whole matrix dequantized to f16 and
+//     cuBLASLt;
+//   - tensor_cores (up to 64 rows) and simt (up to 16): each GEMV kernel alone;
 //   - dequant_gemm: that second path at every batch, for comparison;
 //   - f16: cuBLASLt on the same shape in f16 (weights dequantized at load), its algorithm timed
 //     and chosen as the backend does for decode batches.
@@ -142,8 +143,9 @@ void run_quant_matmul_bench(const QuantMatmulBenchOptions& options) {
   };
 
   nlohmann::json rows = nlohmann::json::array();
-  std::printf("| type | m x k | batch | quant path | quant (us) | bound (us) | of bound | simt (us) | dequant+gemm (us) | "
-              "f16 (us) | f16 of bound | speedup vs f16 |\n|---|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|\n");
+  std::printf("| type | m x k | batch | quant path | quant (us) | bound (us) | of bound | tensor cores (us) | simt (us) | "
+              "dequant+gemm (us) | f16 (us) | f16 of bound | speedup vs f16 |\n"
+              "|---|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n");
   for (DType t : types) {
     for (const Shape& s : shapes) {
       const std::vector<uint8_t> host = random_blocks(t, s.m * s.k / block_elements(t), uint64_t(t) * 7 + uint64_t(s.m));
@@ -158,7 +160,7 @@ void run_quant_matmul_bench(const QuantMatmulBenchOptions& options) {
           cuda::dequantize_rows(weights.data(), t, s.m, s.k, nullptr, s.m, DType::kF16, scratch.data(), stream);
           gemm.run(x.data(), scratch.data(), nullptr, out.data(), n, s.m, s.k, DType::kF16, DType::kF16, stream, true);
         };
-        const bool gemv = n <= cuda::quant_gemv_max_rows(DType::kF16);
+        const bool gemv = n <= cuda::kQuantGemvMaxRows;
         const double dequant_gemm_us = time_us(dequant_gemm);
         auto gemv_us = [&](cuda::QuantGemvKernel kernel) {
           return time_us([&] {
@@ -167,18 +169,20 @@ void run_quant_matmul_bench(const QuantMatmulBenchOptions& options) {
           });
         };
         const double quant_us = gemv ? gemv_us(cuda::QuantGemvKernel::kAuto) : dequant_gemm_us;
-        const double simt_us = n <= cuda::kQuantGemvSimtMaxRows ? gemv_us(cuda::QuantGemvKernel::kSimt) : 0;
+        const double simt_us = n <= cuda::kQuantGemvMaxRows ? gemv_us(cuda::QuantGemvKernel::kSimt) : 0;
+        const double tensor_cores_us =
+            n <= cuda::kQuantGemvTensorCoreMaxRows ? gemv_us(cuda::QuantGemvKernel::kTensorCores) : 0;
         const double f16_us = time_us([&] {
           gemm.run(x.data(), f16_weights.data(), nullptr, out.data(), n, s.m, s.k, DType::kF16, DType::kF16, stream,
                    true);
         });
         const std::string shape = fmt::format("{}x{}", s.m, s.k);
         const char* path = gemv ? "gemv" : "dequant+gemm";
-        const std::string simt = simt_us > 0 ? fmt::format("{:.1f}", simt_us) : "-";
-        std::printf("| %s | %s | %d | %s | %.1f | %.1f | %.2f | %s | %.1f | %.1f | %.2f | %.2f |\n",
+        auto cell = [](double us) { return us > 0 ? fmt::format("{:.1f}", us) : std::string("-"); };
+        std::printf("| %s | %s | %d | %s | %.1f | %.1f | %.2f | %s | %s | %.1f | %.1f | %.2f | %.2f |\n",
                     std::string(dtype_name(t)).c_str(), shape.c_str(), batch, path, quant_us, bound_us,
-                    bound_us / quant_us, simt.c_str(), dequant_gemm_us, f16_us, f16_bound_us / f16_us,
-                    f16_us / quant_us);
+                    bound_us / quant_us, cell(tensor_cores_us).c_str(), cell(simt_us).c_str(), dequant_gemm_us, f16_us,
+                    f16_bound_us / f16_us, f16_us / quant_us);
         std::fflush(stdout);
         rows.push_back({{"type", dtype_name(t)},
                         {"m", s.m},
@@ -189,6 +193,7 @@ void run_quant_matmul_bench(const QuantMatmulBenchOptions& options) {
                         {"quant_us", quant_us},
                         {"quant_bound_us", bound_us},
                         {"quant_of_bound", bound_us / quant_us},
+                        {"tensor_cores_us", tensor_cores_us > 0 ? nlohmann::json(tensor_cores_us) : nlohmann::json(nullptr)},
                         {"simt_us", simt_us > 0 ? nlohmann::json(simt_us) : nlohmann::json(nullptr)},
                         {"dequant_gemm_us", dequant_gemm_us},
                         {"f16_us", f16_us},

@@ -8,9 +8,9 @@ void add_model_flags(CLI::App& app, ModelFlags& flags) {
   app.add_option("-m,--model", flags.path, "GGUF file or Hugging Face folder (default: SmolLM2-135M-Instruct)");
   app.add_option("--backend", flags.backend, "cpu, cuda, or auto (default: cuda when a GPU is present)");
   app.add_option("--weight-dtype", flags.weight_dtype,
-                 "storage of quantized weights: file (a GGUF file's q4_0/q4_1/q5_0/q5_1/q8_0/q4_k/q5_k/q6_k blocks "
-                 "as they are, multiplied directly), auto (default: file on the GPU; f16, or bf16 for a bf16 "
-                 "checkpoint, on the CPU), f16, bf16 or f32; on the GPU f16/bf16 is also the activations' type");
+                 "storage of quantized weights: auto (default: f16, bf16 for a bf16 checkpoint), file (a GGUF "
+                 "file's q4_0/q4_1/q5_0/q5_1/q8_0/q4_k/q5_k/q6_k blocks as they are, multiplied directly, on the CPU "
+                 "and the GPU), f16, bf16 or f32; on the GPU f16/bf16 is also the activations' type");
   app.add_option("--attention", flags.attention,
                  "decode attention: paged (a work item per sequence), prefix (prefix-aware packing: blocks the "
                  "batch shares are read once), or auto (default: prefix when the step's sequences share blocks)");

@@ -117,13 +117,12 @@ Session::Session(const ModelFlags& flags)
     fail(ErrorKind::kInvalidArgument, "--attention must be auto, paged or prefix, not '{}'", flags.attention);
   }
   backend = make_backend(flags.backend, weight_dtype, !flags.enforce_eager);
-  // file keeps a GGUF file's quantized weights as they are where the backend multiplies them; so
-  // does auto on the GPU, whose decode is bound by the bytes of weights it reads
-  // (docs/experiments/gpu-quantized-matmul.md). Not the CPU's default until a request's tokens
-  // stop depending on the batch it runs in there (docs/experiments/cpu-quantized-matmul.md).
-  const bool keep_quantized =
-      flags.weight_dtype == "file" || (flags.weight_dtype == "auto" && backend->device() == Device::kCuda);
-  LoadOptions options{.weight_dtype = weight_dtype, .keep_quantized = keep_quantized, .attention = attention};
+  // file keeps a GGUF file's quantized weights as they are where the backend multiplies them (the
+  // CPU and the GPU). Not the default: on the CPU until a request's tokens stop depending on the
+  // batch it runs in there (docs/experiments/cpu-quantized-matmul.md); on the GPU until its
+  // quantized matmuls beat f16 weights, which they match at one row and trail above
+  // (docs/experiments/gpu-quantized-matmul.md).
+  LoadOptions options{.weight_dtype = weight_dtype, .keep_quantized = flags.weight_dtype == "file", .attention = attention};
   parse_kv_cache_flags(flags, checkpoint.config(), *backend, weight_dtype, options);
   model = std::make_unique<Model>(checkpoint, *backend, options);
   engine_options = EngineOptions{.kv_memory_bytes = size_t(flags.kv_memory_mb) << 20,

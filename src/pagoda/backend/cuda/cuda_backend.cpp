@@ -171,7 +171,7 @@ void CudaBackend::quantized_matmul(const Tensor& x, const Tensor& w, const Tenso
     fail(ErrorKind::kInternal, "cuda matmul: {} @ {}^T -> {}", x.shape_string(), w.shape_string(), out.shape_string());
   const int64_t n = x.size(0), m = w.size(0), k = w.size(1);
   if (n == 0) return;
-  if (n <= cuda::quant_gemv_max_rows(dtype_)) {
+  if (n <= cuda::kQuantGemvMaxRows) {
     cuda::quant_gemv(x.data, w.data, w.dtype, bias ? bias->data : nullptr, out.data, n, m, k, dtype_, out.dtype,
                      stream_);
     return;

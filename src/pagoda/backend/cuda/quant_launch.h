@@ -11,10 +11,10 @@
 
 namespace pagoda::cuda {
 
-// f16 activations, n <= kQuantGemvMmaMaxRows.
+// f16 activations, n <= kQuantGemvTensorCoreMaxRows.
 void launch_quant_gemv_mma(const void* x, const void* w, DType w_type, const void* bias, void* out, int64_t n,
                            int64_t m, int64_t k, DType out_type, cudaStream_t stream);
-// f16 or bf16 activations (act), n <= kQuantGemvSimtMaxRows.
+// f16 or bf16 activations (act), n <= kQuantGemvMaxRows.
 void launch_quant_gemv_simt(const void* x, const void* w, DType w_type, const void* bias, void* out, int64_t n,
                             int64_t m, int64_t k, DType act, DType out_type, cudaStream_t stream);
 

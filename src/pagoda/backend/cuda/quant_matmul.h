@@ -1,13 +1,13 @@
 // Matmuls and lookups on GGUF block-quantized weights kept in their blocks in GPU memory (q4_0,
 // q4_1, q5_0, q5_1, q8_0, q4_k, q5_k, q6_k; kernels/quant_blocks.cuh has the layouts).
 //
-// - quant_gemv: out [n, m] = x [n, k] @ w [m, k]^T (+ bias) for n <= quant_gemv_max_rows(act).
-//   It streams each weight once, through shared memory, and unpacks it in registers: with f16
-//   activations on the tensor cores (a warp owns 16 weight rows and every activation row; up to
-//   64 rows), with bf16 in a SIMT kernel (a warp per output row; up to 16 rows, fp32 FMAs).
-//   fp32 accumulation. It moves m x k weights in their blocks' bytes (dtype_bytes(w, m k)), plus
-//   n k activations (from L2 after the first warps) and n m outputs: at decode sizes the weight
-//   bytes are the whole cost, so its bound is dtype_bytes / streaming bandwidth. 2 n m k FLOPs.
+// - quant_gemv: out [n, m] = x [n, k] @ w [m, k]^T (+ bias) for few rows n. It streams each weight
+//   once, through shared memory, and unpacks it in registers, fp32 accumulation, in one of two
+//   kernels: on the tensor cores (f16 activations; a CTA owns 16 weight rows and every activation
+//   row, up to 64), or SIMT (a warp per output row, fp32 FMAs, up to 16 rows; bf16 too). It moves
+//   m x k weights in their blocks' bytes (dtype_bytes(w, m k)), plus n k activations (from L2
+//   after the first warps) and n m outputs: at decode sizes the weight bytes are the whole cost,
+//   so its bound is dtype_bytes / streaming bandwidth. 2 n m k FLOPs.
 // - dequantize_rows: rows of w (all, or the ones `ids` names) to f16, bf16 or f32, bit-exact
 //   with format/dequantize.cpp before the final rounding. It serves embed() on a quantized table
 //   and larger batches, which dequantize the whole matrix into a scratch buffer and run cuBLASLt
@@ -27,24 +27,22 @@
 
 namespace pagoda::cuda {
 
-constexpr int64_t kQuantGemvMmaMaxRows = 64;
-constexpr int64_t kQuantGemvSimtMaxRows = 16;
-
-// The largest n quant_gemv takes for activations of dtype act.
-int64_t quant_gemv_max_rows(DType act);
-
-// kAuto: the tensor-core kernel for f16 activations, the SIMT one for bf16; kSimt: the SIMT one
-// (the benchmark's baseline).
-enum class QuantGemvKernel : uint8_t { kAuto, kSimt };
-
 // Whether the kernels here take weights of type t.
 constexpr bool quantized_matmul_type(DType t) {
   return t == DType::kQ4_0 || t == DType::kQ4_1 || t == DType::kQ5_0 || t == DType::kQ5_1 || t == DType::kQ8_0 ||
          t == DType::kQ4_K || t == DType::kQ5_K || t == DType::kQ6_K;
 }
 
+// Which kernel: kAuto is what the backend runs (measured on an H200, docs/experiments/
+// gpu-quantized-matmul.md): SIMT for one row, where it is faster, and for bf16; the tensor cores
+// for 2-16 rows of f16, where their time barely grows with the rows. Above kQuantGemvMaxRows the
+// backend dequantizes the matrix for cuBLASLt, which was faster than either at 64 rows.
+enum class QuantGemvKernel : uint8_t { kAuto, kTensorCores, kSimt };
+constexpr int64_t kQuantGemvMaxRows = 16;              // kAuto and kSimt
+constexpr int64_t kQuantGemvTensorCoreMaxRows = 64;   // kTensorCores (f16 only)
+
 // x: [n, k] of act (f16 or bf16); w: [m, k] of w_type; bias: [m] of act, or null; out: [n, m] of
-// out_type (act, or f32 for the logits). 1 <= n <= quant_gemv_max_rows(act) (kSimt: 16).
+// out_type (act, or f32 for the logits). 1 <= n <= the kernel's rows (above).
 void quant_gemv(const void* x, const void* w, DType w_type, const void* bias, void* out, int64_t n, int64_t m,
                 int64_t k, DType act, DType out_type, cudaStream_t stream,
                 QuantGemvKernel kernel = QuantGemvKernel::kAuto);
