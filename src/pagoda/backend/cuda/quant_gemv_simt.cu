@@ -1,4 +1,4 @@
-// The SIMT GEMV of quant_matmul.h (bf16 activations, and the tensor-core kernel's baseline).
+// The SIMT GEMV of quant_matmul.h (one activation row, and bf16 activations).
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
@@ -41,7 +41,7 @@ __device__ __forceinline__ void store(T* out, int64_t at, float v) {
   }
 }
 
-// The SIMT GEMV (bf16 activations, and the baseline of the tensor-core one): one warp per
+// The SIMT GEMV (one activation row, where it beats the tensor-core one, and bf16): one warp per
 // output row. The row's chunks (1024 weights each) are staged kGemvStages ahead by
 // cp.async, so each warp keeps several KB of the stream in flight; lane l dequantizes piece l of
 // each chunk once and multiplies it into every activation row. The warp's partial sums meet by
