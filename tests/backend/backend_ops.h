@@ -69,6 +69,7 @@
 #include "pagoda/backend/backend.h"
 #include "pagoda/core/error.h"
 #include "pagoda/core/half.h"
+#include "pagoda/format/dequantize.h"
 
 namespace pagoda::backend_ops {
 
@@ -164,7 +165,7 @@ struct Array {
   Tensor view(std::initializer_list<int64_t> shape) const {
     return Tensor::contiguous(buffer->data(), dtype, shape, device);
   }
-  size_t bytes() const { return values.size() * dtype_size(dtype); }
+  size_t bytes() const { return dtype_bytes(dtype, int64_t(values.size())); }
 };
 
 // values rounded to dtype and uploaded.
@@ -181,6 +182,71 @@ inline Array random_array(Backend& backend, DType dtype, size_t n, Random& rng, 
   std::vector<float> values(n);
   for (float& v : values) v = rng.uniform(lo, hi);
   return upload(backend, dtype, std::move(values));
+}
+
+// ---- GGUF block-quantized weights ------------------------------------------------------------
+
+inline GgmlType ggml_of(DType t) {
+  switch (t) {
+    case DType::kQ4_0: return GgmlType::kQ4_0;
+    case DType::kQ4_1: return GgmlType::kQ4_1;
+    case DType::kQ5_0: return GgmlType::kQ5_0;
+    case DType::kQ5_1: return GgmlType::kQ5_1;
+    case DType::kQ8_0: return GgmlType::kQ8_0;
+    case DType::kQ4_K: return GgmlType::kQ4_K;
+    case DType::kQ5_K: return GgmlType::kQ5_K;
+    case DType::kQ6_K: return GgmlType::kQ6_K;
+    default: throw std::invalid_argument("not a block-quantized dtype");
+  }
+}
+
+// The fp16 scale fields of a block of t: byte offset and the largest magnitude that keeps the
+// type's weights within about [-0.2, 0.2] (the quants' range times each scale's multipliers).
+struct ScaleField {
+  int offset;
+  float max;
+};
+inline std::vector<ScaleField> scale_fields(DType t) {
+  switch (t) {
+    case DType::kQ4_0: return {{0, 0.2f / 8}};
+    case DType::kQ4_1: return {{0, 0.2f / 15}, {2, 0.1f}};
+    case DType::kQ5_0: return {{0, 0.2f / 16}};
+    case DType::kQ5_1: return {{0, 0.2f / 31}, {2, 0.1f}};
+    case DType::kQ8_0: return {{0, 0.2f / 128}};
+    case DType::kQ4_K: return {{0, 0.1f / (63 * 15)}, {2, 0.1f / 63}};
+    case DType::kQ5_K: return {{0, 0.1f / (63 * 31)}, {2, 0.1f / 63}};
+    case DType::kQ6_K: return {{208, 0.2f / (128 * 32)}};
+    default: throw std::invalid_argument("not a block-quantized dtype");
+  }
+}
+
+// `blocks` blocks of t: random quant bytes and random scales of either sign, up to
+// scale_fields' magnitudes, or (wild) any finite fp16 value, subnormals included.
+inline std::vector<uint8_t> random_blocks(DType t, size_t blocks, Random& rng, bool wild = false) {
+  std::vector<uint8_t> bytes(blocks * block_bytes(t));
+  for (uint8_t& b : bytes) b = uint8_t(rng.bits() >> 24);
+  for (size_t i = 0; i < blocks; ++i) {
+    for (const ScaleField& f : scale_fields(t)) {
+      uint16_t h = f32_to_f16(rng.uniform(-f.max, f.max));
+      if (wild) {
+        h = uint16_t(rng.bits() >> 32);
+        if ((h & 0x7c00) == 0x7c00) h &= 0xbfff;  // inf or nan: take a finite exponent instead
+      }
+      std::memcpy(&bytes[i * block_bytes(t) + size_t(f.offset)], &h, 2);
+    }
+  }
+  return bytes;
+}
+
+// A [rows, k] matrix of random blocks of t on the backend; values: its weights as
+// format/dequantize.cpp reads them (the reference every backend's dequantization must equal).
+inline Array upload_blocks(Backend& backend, DType t, int64_t rows, int64_t k, Random& rng) {
+  const std::vector<uint8_t> bytes = random_blocks(t, size_t(rows * k / block_elements(t)), rng);
+  Array a{.dtype = t, .device = backend.device(), .values = std::vector<float>(size_t(rows * k))};
+  dequantize_row(ggml_of(t), bytes.data(), a.values.data(), rows * k);
+  a.buffer = backend.allocate(bytes.size());
+  backend.upload(a.buffer->data(), bytes.data(), bytes.size());
+  return a;
 }
 
 // n elements of NaN bytes (0xff is a NaN in f32, f16 and bf16): an element no op writes fails.
@@ -339,13 +405,17 @@ class Embed final : public OpTest {
            std::to_string(tokens_.size()) + " table=" + dtype_label(table_dtype_);
   }
   const char* unsupported(const Backend& backend) const override {
+    if (table_dtype_ && is_block_quantized(*table_dtype_))
+      return backend.takes_quantized_weights(*table_dtype_) ? nullptr : "no tables in this quantized type";
     if (backend.device() != Device::kCpu && table_dtype_ && *table_dtype_ != backend.activation_dtype())
       return "a GPU backend's table has the activation dtype";
     return nullptr;
   }
   void prepare(Backend& backend) override {
     Random rng(1);
-    table_ = random_array(backend, weight_dtype(backend, table_dtype_), size_t(vocab_ * hidden_), rng);
+    table_ = table_dtype_ && is_block_quantized(*table_dtype_)
+                 ? upload_blocks(backend, *table_dtype_, vocab_, hidden_, rng)
+                 : random_array(backend, weight_dtype(backend, table_dtype_), size_t(vocab_ * hidden_), rng);
     out_ = output_array(backend, backend.activation_dtype(), tokens_.size() * size_t(hidden_));
     step_ = plain_step(tokens_, {});
     backend.begin_step(step_);
@@ -360,7 +430,9 @@ class Embed final : public OpTest {
     }
     report.exact("out", fetch(backend, out_), ref);
   }
-  double bytes() const override { return double(tokens_.size() * size_t(hidden_)) * double(dtype_size(table_.dtype) + dtype_size(out_.dtype)); }
+  double bytes() const override {
+    return double(tokens_.size()) * double(dtype_bytes(table_.dtype, hidden_) + dtype_bytes(out_.dtype, hidden_));
+  }
 
  private:
   int64_t vocab_, hidden_;
@@ -440,8 +512,10 @@ class RmsNorm final : public OpTest {
   StepBatch step_;
 };
 
-// matmul: out [n, m] = x [n, k] @ w [m, k]^T (+ bias), w stored in weight_dtype, out in the
-// activation dtype or f32 (the logits).
+// matmul: out [n, m] = x [n, k] @ w [m, k]^T (+ bias), w stored in weight_dtype (or in GGUF
+// blocks, whose dequantized values are the reference's weights), out in the activation dtype or
+// f32 (the logits). A GPU may round dequantized weights to the activation dtype before a
+// tensor-core GEMM: one more rounding (r = 1) for quantized weights.
 class Matmul final : public OpTest {
  public:
   Matmul(int64_t n, int64_t m, int64_t k, std::optional<DType> w_dtype, bool bias, bool f32_out = false)
@@ -451,8 +525,12 @@ class Matmul final : public OpTest {
            " w=" + dtype_label(w_dtype_) + (bias_ ? " bias" : "") + (f32_out_ ? " out=f32" : "");
   }
   const char* unsupported(const Backend& backend) const override {
+    if (quantized() && backend.device() == Device::kCpu)
+      return "the CPU quantizes activations to int8 (tests/backend/quant_matmul_test.cpp)";
+    if (quantized() && !backend.takes_quantized_weights(*w_dtype_)) return "no matmul in this quantized type";
     if (backend.device() == Device::kCpu) return nullptr;
-    if (w_dtype_ && *w_dtype_ != backend.activation_dtype()) return "a GPU backend's weights have the activation dtype";
+    if (w_dtype_ && !quantized() && *w_dtype_ != backend.activation_dtype())
+      return "a GPU backend's weights have the activation dtype";
     if (m_ % 8 || k_ % 8) return "cuBLASLt needs m and k multiples of 8";
     if (bias_ && f32_out_) return "a GPU bias has the output's dtype";
     return nullptr;
@@ -461,7 +539,8 @@ class Matmul final : public OpTest {
     Random rng(3);
     const DType act = backend.activation_dtype();
     x_ = random_array(backend, act, size_t(n_ * k_), rng);
-    w_ = random_array(backend, weight_dtype(backend, w_dtype_), size_t(m_ * k_), rng, -0.2f, 0.2f);
+    w_ = quantized() ? upload_blocks(backend, *w_dtype_, m_, k_, rng)
+                     : random_array(backend, weight_dtype(backend, w_dtype_), size_t(m_ * k_), rng, -0.2f, 0.2f);
     // The CPU backend's bias is f32 (its activations); a GPU's has the output's dtype.
     bias_values_ = random_array(backend, act, size_t(m_), rng);
     out_ = output_array(backend, f32_out_ ? DType::kF32 : act, size_t(n_ * m_));
@@ -484,15 +563,16 @@ class Matmul final : public OpTest {
         magnitude[size_t(r * m_ + j)] = mag;
       }
     }
-    report.close("out", fetch(backend, out_), ref, magnitude, out_.dtype, x_.dtype, {.reduction = k_ + 1});
+    report.close("out", fetch(backend, out_), ref, magnitude, out_.dtype, x_.dtype,
+                 {.roundings = quantized() ? 1 : 0, .reduction = k_ + 1});
   }
   double bytes() const override {
-    return double(n_ * k_ * int64_t(dtype_size(x_.dtype)) + m_ * k_ * int64_t(dtype_size(w_.dtype)) +
-                  n_ * m_ * int64_t(dtype_size(out_.dtype)));
+    return double(dtype_bytes(x_.dtype, n_ * k_) + dtype_bytes(w_.dtype, m_ * k_) + dtype_bytes(out_.dtype, n_ * m_));
   }
   double flops() const override { return 2.0 * double(n_) * double(m_) * double(k_); }
 
  private:
+  bool quantized() const { return w_dtype_ && is_block_quantized(*w_dtype_); }
   int64_t n_, m_, k_;
   std::optional<DType> w_dtype_;
   bool bias_, f32_out_;
@@ -1191,6 +1271,21 @@ inline std::vector<std::unique_ptr<OpTest>> correctness_table() {
   add(new Matmul(4, 19, 35, DType::kBF16, false));
   add(new Matmul(33, 513, 100, DType::kBF16, false));
   add(new Matmul(8, 300, 72, DType::kF32, true));
+  // GGUF blocks (the CUDA backend: a GEMV up to 16 rows, SIMT for one row and bf16, tensor cores
+  // for 2-16 rows of f16; dequantized + cuBLASLt above): every type at one decode row; rows 18
+  // blocks long (SmolLM2's 576) whose starts are not 16-byte aligned; the logits, 1000 rows (a
+  // partial tile of 16); a bias on every path.
+  for (DType q : {DType::kQ4_0, DType::kQ4_1, DType::kQ5_0, DType::kQ5_1, DType::kQ8_0, DType::kQ4_K, DType::kQ5_K,
+                  DType::kQ6_K})
+    add(new Matmul(1, 72, 1280, q, false));
+  add(new Matmul(5, 64, 576, DType::kQ4_1, true));
+  add(new Matmul(3, 1000, 576, DType::kQ8_0, false, true));
+  add(new Matmul(16, 40, 768, DType::kQ6_K, false));
+  add(new Matmul(17, 64, 512, DType::kQ4_K, false));
+  add(new Matmul(40, 48, 256, DType::kQ5_1, false));
+  add(new Matmul(65, 72, 576, DType::kQ5_0, true));
+  add(new Embed(50, 576, {7, 0, 49, 7, 23}, DType::kQ8_0));
+  add(new Embed(20, 256, {3, 19}, DType::kQ6_K));
   add(new Elementwise(E::kSiluMul, 4, 1536));
   add(new Elementwise(E::kSiluMul, 2, 8));
   add(new Elementwise(E::kAdd, 3, 2056));             // 257 vectors per row: a GPU's grid-stride tail
@@ -1229,6 +1324,10 @@ inline std::vector<std::unique_ptr<OpTest>> perf_table(const Backend& backend) {
     add(new Matmul(rows, 4096, 14336, weights, false));  // down
   }
   add(new Matmul(prefill, 4096, 4096, weights, false));
+  if (gpu) {
+    for (DType q : {DType::kQ4_K, DType::kQ8_0})
+      for (int64_t rows : {int64_t(1), int64_t(16), batch}) add(new Matmul(rows, 28672, 4096, q, false));
+  }
   add(new Elementwise(E::kSiluMul, batch, 14336));
   add(new Elementwise(E::kAdd, batch, 4096));
   const attention::AttentionShape llama = attention_shape(32, 8, 128, 16);

@@ -86,6 +86,9 @@ class Backend {
   // Called once on a thread that will issue this backend's ops (a tensor-parallel rank's thread):
   // the CPU backend gives it its share of the cores there, a GPU backend would select its device.
   virtual void bind_to_this_thread() {}
+  // Whether matmul() and embed() take weights stored in the GGUF block-quantized type t (the
+  // loader keeps such weights in their blocks when asked, LoadOptions::keep_quantized).
+  virtual bool takes_quantized_weights(DType /*t*/) const { return false; }
 
   // Owning device memory. A Buffer frees itself through its backend.
   class Buffer;

@@ -1,4 +1,4 @@
-// pagoda bench generate|attention|prefix-attention|throughput|allreduce: each subcommand's flags; the
+// pagoda bench generate|attention|prefix-attention|quant-matmul|throughput|allreduce: each subcommand's flags; the
 // benchmarks themselves are the bench layer's (src/pagoda/bench/).
 #include <memory>
 
@@ -6,6 +6,7 @@
 #include "pagoda/bench/attention.h"
 #include "pagoda/bench/generate.h"
 #include "pagoda/bench/prefix_attention.h"
+#include "pagoda/bench/quant_matmul.h"
 #include "pagoda/bench/throughput.h"
 #include "pagoda/cli/commands.h"
 #include "pagoda/cli/flags.h"
@@ -136,6 +137,18 @@ void register_bench_throughput(CLI::App& bench_cmd) {
   });
 }
 
+void register_bench_quant_matmul(CLI::App& bench_cmd) {
+  auto flags = std::make_shared<bench::QuantMatmulBenchOptions>();
+  CLI::App* cmd = bench_cmd.add_subcommand(
+      "quant-matmul", "GPU matmul on GGUF quantized weights per type, shape and batch, against its bytes bound and f16");
+  cmd->add_option("--types", flags->types, "weight types, comma-separated")->delimiter(',')->capture_default_str();
+  cmd->add_option("--shapes", flags->shapes, "weights as MxK, comma-separated")->delimiter(',')->capture_default_str();
+  cmd->add_option("--batches", flags->batches, "activation rows, comma-separated")->delimiter(',')->capture_default_str();
+  cmd->add_option("--runs", flags->runs, "timed runs per variant (the median is reported)")->capture_default_str();
+  cmd->add_option("--out", flags->out, "JSON results (default bench/results/<device>/quantized-weights.json)");
+  cmd->callback([flags] { bench::run_quant_matmul_bench(*flags); });
+}
+
 }  // namespace
 
 void register_bench(CLI::App& app) {
@@ -153,6 +166,7 @@ void register_bench(CLI::App& app) {
   });
   register_bench_attention(*bench_cmd);
   register_bench_prefix_attention(*bench_cmd);
+  register_bench_quant_matmul(*bench_cmd);
   register_bench_throughput(*bench_cmd);
   register_bench_allreduce(*bench_cmd);
 }

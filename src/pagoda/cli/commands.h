@@ -11,5 +11,6 @@ void register_bench(CLI::App& app);
 void register_serve(CLI::App& app);
 void register_make_model(CLI::App& app);
 void register_perplexity(CLI::App& app);
+void register_quantize(CLI::App& app);
 
 }  // namespace pagoda::cli

@@ -8,9 +8,9 @@ void add_model_flags(CLI::App& app, ModelFlags& flags) {
   app.add_option("-m,--model", flags.path, "GGUF file or Hugging Face folder (default: SmolLM2-135M-Instruct)");
   app.add_option("--backend", flags.backend, "cpu, cuda, or auto (default: cuda when a GPU is present)");
   app.add_option("--weight-dtype", flags.weight_dtype,
-                 "weight storage: auto (default: on the CPU a GGUF file's q4_0/q4_1/q5_0/q5_1/q8_0/q4_k/q5_k/q6_k blocks "
-                 "as they are, multiplied directly; other weights f16, or bf16 for a bf16 checkpoint), f16, bf16 or "
-                 "f32 (every weight dequantized to it); on the GPU, the type of every weight and activation");
+                 "weight storage: file (a GGUF file's q4_0/q4_1/q5_0/q5_1/q8_0/q4_k/q5_k/q6_k blocks as they are, "
+                 "multiplied directly, on the CPU and the GPU), auto (default: file on the CPU; f16 on the GPU, or "
+                 "bf16 for a bf16 checkpoint), f16, bf16 or f32; on the GPU f16/bf16 is also the activations' type");
   app.add_option("--attention", flags.attention,
                  "decode attention: paged (a work item per sequence), prefix (prefix-aware packing: blocks the "
                  "batch shares are read once), or auto (default: prefix when the step's sequences share blocks)");

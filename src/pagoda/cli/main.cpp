@@ -34,10 +34,11 @@ int main(int argc, char** argv) {
   pagoda::cli::register_serve(app);
   pagoda::cli::register_make_model(app);
   pagoda::cli::register_perplexity(app);
+  pagoda::cli::register_quantize(app);
   // CLI11 would only say "a subcommand is required"; name the word it did not know.
   const auto known = app.get_subcommands([&](const CLI::App* sub) { return argc > 1 && sub->get_name() == argv[1]; });
   if (argc > 1 && argv[1][0] != '-' && known.empty()) {
-    std::fprintf(stderr, "pagoda: error: unknown command '%s' (commands: generate, chat, serve, bench, make-model, perplexity; see --help)\n", argv[1]);
+    std::fprintf(stderr, "pagoda: error: unknown command '%s' (commands: generate, chat, serve, bench, make-model, perplexity, quantize; see --help)\n", argv[1]);
     return 1;
   }
   try {

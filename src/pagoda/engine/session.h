@@ -19,7 +19,7 @@ namespace pagoda {
 struct ModelFlags {
   std::string path;  // empty: the default model
   std::string backend = "auto";  // cpu, cuda, or auto: cuda when built with it and a GPU is present
-  std::string weight_dtype = "auto";  // f16, bf16, f32, or auto: f16, but bf16 for a bf16 checkpoint
+  std::string weight_dtype = "auto";  // file, f16, bf16, f32, or auto: f16, but bf16 for a bf16 checkpoint
   std::string attention = "auto";     // auto, paged or prefix (LoadOptions::Attention)
   std::string kv_cache_dtype = "auto";  // auto, f16, bf16, fp8 or int2 (LoadOptions::kv_dtype, kv_quant)
   int kv_partition = 64;                // int2's partition Π: 32, 64 or 128

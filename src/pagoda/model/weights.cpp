@@ -138,8 +138,8 @@ class Loader {
     const int64_t block = ggml_type_traits(uint32_t(type)).block_size;
     if (columns.count >= 0 && block > 0 && (columns.begin % block != 0 || columns.count % block != 0))
       return matmul_dtype(type);
-    if (options_.keep_quantized && backend_.activation_dtype() == DType::kF32)
-      if (const std::optional<DType> q = quantized_dtype(type)) return *q;
+    if (options_.keep_quantized)
+      if (const std::optional<DType> q = quantized_dtype(type); q && backend_.takes_quantized_weights(*q)) return *q;
     return matmul_dtype(type);
   }
 

@@ -38,9 +38,9 @@ struct LoadOptions {
   // whose activations are f16 or bf16 stores every weight in that type instead.
   DType weight_dtype = DType::kF16;
   // Keep matmul weights (and the embedding) stored in a GGUF block-quantized type in that type,
-  // where the backend multiplies it (the CPU: q4_0, q4_1, q5_0, q5_1, q8_0, q4_k, q5_k, q6_k);
-  // weight_dtype then applies to the rest. A fused projection whose parts differ in type is
-  // dequantized.
+  // where the backend multiplies it (Backend::takes_quantized_weights: q4_0, q4_1, q5_0, q5_1,
+  // q8_0, q4_k, q5_k, q6_k on the CPU and the GPU); weight_dtype then applies to the rest. A fused
+  // projection whose parts differ in type is dequantized.
   bool keep_quantized = false;
   bool show_progress = true;
   // How decode steps attend: kPaged, one work item per sequence (split when the batch is small);

@@ -22,12 +22,13 @@ struct NamedPreTokenizer {
   std::array<std::string_view, 2> patterns;  // applied in order; "" ends the list
 };
 
-// tokenizer.ggml.pre values and their patterns, as llama.cpp groups them.
+// tokenizer.ggml.pre values and their patterns, as llama.cpp groups them. Where names share
+// patterns, the first is the one gguf_name_of gives (what llama.cpp's converter writes).
 constexpr std::array kNamedPreTokenizers = {
-    NamedPreTokenizer{"default", {kGpt2Pattern, ""}},
     NamedPreTokenizer{"gpt2", {kGpt2Pattern, ""}},
-    NamedPreTokenizer{"llama3", {kLlama3Pattern, ""}},
+    NamedPreTokenizer{"default", {kGpt2Pattern, ""}},
     NamedPreTokenizer{"llama-bpe", {kLlama3Pattern, ""}},
+    NamedPreTokenizer{"llama3", {kLlama3Pattern, ""}},
     NamedPreTokenizer{"qwen2", {kQwen2Pattern, ""}},
     NamedPreTokenizer{"smollm", {kDigitPattern, kGpt2Pattern}},
     NamedPreTokenizer{"starcoder", {kDigitPattern, kGpt2Pattern}},
@@ -51,6 +52,18 @@ PreTokenizer PreTokenizer::for_gguf_name(std::string_view name) {
     known += named.name;
   }
   fail(ErrorKind::kUnsupported, "unsupported pre-tokenizer '{}' (known: {})", name, known);
+}
+
+std::string_view PreTokenizer::gguf_name_of(const std::vector<std::string>& patterns) {
+  for (const NamedPreTokenizer& named : kNamedPreTokenizers) {
+    size_t count = 0;
+    while (count < named.patterns.size() && !named.patterns[count].empty()) ++count;
+    if (count != patterns.size()) continue;
+    bool same = true;
+    for (size_t i = 0; i < count; ++i) same = same && named.patterns[i] == patterns[i];
+    if (same) return named.name;
+  }
+  return "";
 }
 
 void PreTokenizer::add_split(Regex regex, SplitBehavior behavior) {

@@ -28,6 +28,9 @@ class PreTokenizer {
   // The pre-tokenizer that a GGUF's tokenizer.ggml.pre names (as llama.cpp reads it).
   // Throws Error(kUnsupported) naming it and listing the known names.
   static PreTokenizer for_gguf_name(std::string_view name);
+  // The tokenizer.ggml.pre name of a sequence of isolating regex splits (Hugging Face's
+  // ByteLevel is kGpt2Pattern), the inverse of for_gguf_name; "" when no name fits.
+  static std::string_view gguf_name_of(const std::vector<std::string>& patterns);
 
   void add_split(Regex regex, SplitBehavior behavior);
   bool empty() const { return steps_.empty(); }

@@ -24,6 +24,7 @@ class CpuBackend final : public Backend {
   Device device() const override { return Device::kCpu; }
   DType activation_dtype() const override { return DType::kF32; }
   void bind_to_this_thread() override;
+  bool takes_quantized_weights(DType t) const override { return is_block_quantized(t); }
 
   std::shared_ptr<Buffer> allocate(size_t bytes) override;
   void upload(void* device_dst, const void* host_src, size_t bytes) override;

@@ -135,12 +135,18 @@ void CudaBackend::begin_step(const StepBatch& step) {
 // A padded decode step has no prefill (prefill_ and the sampling arrays are not in its graph).
 uint64_t CudaBackend::buffers_generation() const {
   return tokens_.generation() + positions_.generation() + slot_blocks_.generation() + logit_rows_.generation() +
-         rope_inv_freq_.generation() + decode_.generation() + prefix_.generation() + allocations_->load();
+         rope_inv_freq_.generation() + decode_.generation() + prefix_.generation() + dequantized_.generation() +
+         allocations_->load();
 }
 
 void CudaBackend::embed(const Tensor& table, const StepBatch& step, Tensor out) {
-  check_dtype(table, "the embedding table");
   check_dtype(out, "the embedding output");
+  if (takes_quantized_weights(table.dtype) && table.device == Device::kCuda) {
+    cuda::dequantize_rows(table.data, table.dtype, table.size(0), table.size(1), tokens_.data(), step.num_rows(),
+                          dtype_, out.data, stream_);
+    return;
+  }
+  check_dtype(table, "the embedding table");
   cuda::embed(table.data, tokens_.data(), step.num_rows(), table.size(1), dtype_, out.data, stream_);
 }
 
@@ -163,6 +169,7 @@ void CudaBackend::add_rms_norm(Tensor x, const Tensor& y, const Tensor& weight, 
 
 void CudaBackend::matmul(const Tensor& x, const Tensor& w, const Tensor* bias, Tensor out) {
   check_dtype(x, "a matmul input");
+  if (takes_quantized_weights(w.dtype) && w.device == Device::kCuda) return quantized_matmul(x, w, bias, out);
   check_dtype(w, "a matmul weight");
   if (bias) check_dtype(*bias, "a bias");
   if (!x.is_contiguous() || !out.is_contiguous() || x.size(1) != w.size(1) || out.size(1) != w.size(0) ||
@@ -171,6 +178,26 @@ void CudaBackend::matmul(const Tensor& x, const Tensor& w, const Tensor* bias, T
   if (x.size(0) == 0) return;
   gemm_.run(x.data, w.data, bias ? bias->data : nullptr, out.data, x.size(0), w.size(0), w.size(1), dtype_, out.dtype,
             stream_, /*tune=*/graph_rows_ > 0);
+}
+
+void CudaBackend::quantized_matmul(const Tensor& x, const Tensor& w, const Tensor* bias, Tensor out) {
+  if (bias) check_dtype(*bias, "a bias");
+  if (!x.is_contiguous() || !out.is_contiguous() || x.size(1) != w.size(1) || out.size(1) != w.size(0) ||
+      out.size(0) != x.size(0))
+    fail(ErrorKind::kInternal, "cuda matmul: {} @ {}^T -> {}", x.shape_string(), w.shape_string(), out.shape_string());
+  const int64_t n = x.size(0), m = w.size(0), k = w.size(1);
+  if (n == 0) return;
+  if (n <= cuda::kQuantGemvMaxRows) {
+    cuda::quant_gemv(x.data, w.data, w.dtype, bias ? bias->data : nullptr, out.data, n, m, k, dtype_, out.dtype,
+                     stream_);
+    return;
+  }
+  // Grown to the largest weight, exactly (a Llama-3-8B lm_head is 1 GB in f16): it settles in the
+  // first step, and a graph's eager first run sizes it before the capture.
+  dequantized_.reserve(size_t(m * k));
+  cuda::dequantize_rows(w.data, w.dtype, m, k, nullptr, m, dtype_, dequantized_.data(), stream_);
+  gemm_.run(x.data, dequantized_.data(), bias ? bias->data : nullptr, out.data, n, m, k, dtype_, out.dtype, stream_,
+            /*tune=*/graph_rows_ > 0);
 }
 
 void CudaBackend::silu_mul(const Tensor& gate_up, Tensor out) {

@@ -1,4 +1,5 @@
-// The CUDA backend: f16 or bf16 weights, activations and KV cache on one GPU; cuBLASLt GEMMs,
+// The CUDA backend: f16 or bf16 activations and KV cache on one GPU, weights of that type or in
+// GGUF quantized blocks (quant_matmul.h); cuBLASLt GEMMs,
 // fused elementwise kernels (residual add + RMSNorm, RoPE + KV append, SwiGLU), the paged decode
 // and prefill attention kernels, and sampling on the GPU.
 //
@@ -27,6 +28,7 @@
 #include "pagoda/backend/cuda/graph_table.h"
 #include "pagoda/backend/cuda/prefill_attention.h"
 #include "pagoda/backend/cuda/quantized_kv_cache.h"
+#include "pagoda/backend/cuda/quant_matmul.h"
 #include "pagoda/backend/cuda/sampling.h"
 
 namespace pagoda {
@@ -51,6 +53,7 @@ class CudaBackend final : public Backend {
   Device device() const override { return Device::kCuda; }
   DType activation_dtype() const override { return dtype_; }
   void bind_to_this_thread() override;  // makes gpu() the thread's current device
+  bool takes_quantized_weights(DType t) const override { return cuda::quantized_matmul_type(t); }
 
   std::shared_ptr<Buffer> allocate(size_t bytes) override;
   void upload(void* device_dst, const void* host_src, size_t bytes) override;
@@ -97,6 +100,9 @@ class CudaBackend final : public Backend {
 
  private:
   void check_dtype(const Tensor& t, const char* what) const;
+  // matmul with w in a block-quantized type: the GEMV for few rows, else w dequantized into
+  // dequantized_ and cuBLASLt.
+  void quantized_matmul(const Tensor& x, const Tensor& w, const Tensor* bias, Tensor out);
   // The generation of every buffer a padded decode step reads (GraphKey::generation): the sum of
   // counts that only grow, so it changes whenever one of them does.
   uint64_t buffers_generation() const;
@@ -136,6 +142,9 @@ class CudaBackend final : public Backend {
   cuda::PrefillWorkspace prefill_;
   int32_t num_decode_ = 0;
   bool has_prefill_ = false;
+  // A quantized weight dequantized for a matmul of more rows than quant_gemv takes (grows to the
+  // largest such weight; a graph captures its address, so its generation counts).
+  cuda::DeviceArray<uint16_t> dequantized_;
   cuda::DeviceArray<cuda::SampleRow> sample_rows_;
   cuda::DeviceArray<int32_t> sampled_;
 
