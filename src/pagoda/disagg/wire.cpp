@@ -93,8 +93,10 @@ KvFormat read_format(Reader& r) {
   KvFormat f;
   f.dtype = r.get<uint8_t>("KV dtype");
   f.layout = r.get<uint8_t>("KV layout");
-  if (r.get<uint16_t>("reserved field") != 0) throw ProtocolError("KV format: reserved field is not 0");
+  f.quant = r.get<uint8_t>("KV quantization");
+  f.rotation = r.get<uint8_t>("KV rotation");
   f.partition = r.get<uint32_t>("KV partition");
+  if (f.quant > 2 || f.rotation > 1) throw ProtocolError("KV format: unknown quantization or rotation");
   f.num_layers = r.get<int32_t>("layer count");
   f.block_size = r.get<int32_t>("block size");
   f.num_kv_heads = r.get<int32_t>("KV head count");
@@ -110,7 +112,8 @@ KvFormat read_format(Reader& r) {
 void write_format(Writer& w, const KvFormat& f) {
   w.put(f.dtype);
   w.put(f.layout);
-  w.put(uint16_t(0));
+  w.put(f.quant);
+  w.put(f.rotation);
   w.put(f.partition);
   w.put(f.num_layers);
   w.put(f.block_size);
@@ -123,8 +126,11 @@ void write_format(Writer& w, const KvFormat& f) {
 }  // namespace
 
 std::string describe(const KvFormat& f) {
-  return fmt::format("dtype {} layout {} partition {} layers {} block size {} KV heads {} head dim {} page {} B model {:016x}",
-                     f.dtype, f.layout, f.partition, f.num_layers, f.block_size, f.num_kv_heads, f.head_dim,
+  static constexpr const char* kQuant[] = {"none", "fp8", "int2"};
+  return fmt::format("dtype {} layout {} quantization {} partition {} rotation {} layers {} block size {} KV heads {} "
+                     "head dim {} page {} B model {:016x}",
+                     f.dtype, f.layout, f.quant < 3 ? kQuant[f.quant] : "?", f.partition,
+                     f.rotation ? "hadamard" : "none", f.num_layers, f.block_size, f.num_kv_heads, f.head_dim,
                      f.page_bytes, f.model_fingerprint);
 }
 
@@ -315,12 +321,13 @@ std::vector<uint8_t> encode(const Cancel& m) {
   return w.frame(MessageType::kCancel);
 }
 
-uint64_t kv_pages_bytes(const KvHeader& m, uint64_t page_bytes) {
-  return uint64_t(m.num_layers) * uint64_t(m.num_blocks) * 2 * page_bytes;
+uint64_t kv_pages_bytes(const KvHeader& m, uint64_t page_bytes, uint64_t tail_bytes) {
+  return uint64_t(m.num_layers) * (uint64_t(m.num_blocks) * 2 * page_bytes + tail_bytes);
 }
 
-std::vector<uint8_t> encode_kv_prefix(const KvHeader& m, uint64_t page_bytes) {
-  std::vector<uint8_t> out = encode_frame_header(MessageType::kKv, kKvHeaderBytes + kv_pages_bytes(m, page_bytes));
+std::vector<uint8_t> encode_kv_prefix(const KvHeader& m, uint64_t page_bytes, uint64_t tail_bytes) {
+  std::vector<uint8_t> out =
+      encode_frame_header(MessageType::kKv, kKvHeaderBytes + kv_pages_bytes(m, page_bytes, tail_bytes));
   Writer w;
   w.put(m.request_id);
   w.put(m.first_layer);
