@@ -120,6 +120,24 @@ TEST(Wire, KvHeaderAndPageBytes) {
   EXPECT_THROW(parse_kv_header(std::span(lying).subspan(kFrameHeaderBytes)), ProtocolError);
 }
 
+TEST(Wire, NcclMessagesRoundTripAndRefuseOtherSizes) {
+  NcclId id{std::vector<uint8_t>(kNcclIdBytes)};
+  for (size_t i = 0; i < kNcclIdBytes; ++i) id.id[i] = uint8_t(i * 3);
+  const std::vector<uint8_t> frame = encode(id);
+  EXPECT_EQ(parse_frame_header(std::span(frame).first(kFrameHeaderBytes)).type, MessageType::kNcclId);
+  EXPECT_EQ(parse_nccl_id(payload_of(frame)).id, id.id);
+  EXPECT_THROW(parse_nccl_id(payload_of(frame).first(kNcclIdBytes - 1)), ProtocolError);
+  const std::vector<uint8_t> kv = encode_kv_nccl({.request_id = 4, .first_layer = 2, .num_layers = 1, .num_blocks = 3});
+  EXPECT_EQ(parse_frame_header(std::span(kv).first(kFrameHeaderBytes)).type, MessageType::kKvNccl);
+  const KvHeader back = parse_kv_nccl(payload_of(kv));
+  EXPECT_EQ(back.request_id, 4u);
+  EXPECT_EQ(back.first_layer, 2);
+  EXPECT_EQ(back.num_blocks, 3);
+  std::vector<uint8_t> longer(payload_of(kv).begin(), payload_of(kv).end());
+  longer.push_back(0);  // pages never follow on the link
+  EXPECT_THROW(parse_kv_nccl(longer), ProtocolError);
+}
+
 TEST(Wire, StringsAreBounded) {
   const PrefillFailed back = parse_prefill_failed(payload_of(encode(PrefillFailed{5, "no blocks"})));
   EXPECT_EQ(back.reason, "no blocks");

@@ -8,9 +8,8 @@
 // the whole layer range before asking for the prefill, and poll() reports each transfer once,
 // when every layer has come: completed (its pages are in the registered pool) or failed.
 // Implementations: TcpKvTransport (host memory over the peer link's TCP connection; a GPU pool
-// is staged through pinned host memory by the backend). A GPU-to-GPU transport (NCCL
-// point-to-point) would post layer-by-layer sends and receives on a stream of its own and report
-// them through the same poll().
+// is staged through pinned host memory by the backend) and, between two GPUs, NcclKvTransport
+// (nccl/nccl_kv_transport.h: layer-by-layer NCCL send/recv on a stream of its own).
 //
 // Pages travel as the pool stores them (Backend::read_kv_pages): a quantized pool's codes and
 // metadata, so int2 or fp8 KV stays compressed on the wire. An int2 sequence's last V partition,
@@ -42,8 +41,9 @@ class KvTransport {
   // The pool pages are read from and written to (the engine's backend), before any transfer.
   virtual void register_pool(Backend& backend, int32_t num_layers) = 0;
   // Sends the pages of `blocks` (the last holding last_block_tokens tokens) in layers
-  // [first_layer, first_layer + num_layers) for request `request_id`. Engine thread: the pages
-  // are read before it returns. A request's sends cover its layers in order.
+  // [first_layer, first_layer + num_layers) for request `request_id`. Engine thread. The pages
+  // are read by the time poll() reports the send (TcpKvTransport: before send returns); until
+  // then the blocks must keep them. A request's sends cover its layers in order.
   virtual void send(uint64_t request_id, std::span<const int32_t> blocks, int32_t last_block_tokens,
                     int32_t first_layer, int32_t num_layers) = 0;
   // Expects those pages for request `request_id`, to be written into `blocks` of the pool.

@@ -144,7 +144,7 @@ FrameHeader parse_frame_header(std::span<const uint8_t> bytes) {
   const auto type = r.get<uint16_t>("frame type");
   const auto payload = r.get<uint64_t>("frame length");
   r.finish("frame header");
-  if (type < uint16_t(MessageType::kHello) || type > uint16_t(MessageType::kPrefillFailed))
+  if (type < uint16_t(MessageType::kHello) || type > uint16_t(MessageType::kKvNccl))
     throw ProtocolError(fmt::format("unknown message type {}", type));
   if (MessageType(type) == MessageType::kKv) {
     if (payload < kKvHeaderBytes) throw ProtocolError("KV frame shorter than its header");
@@ -265,6 +265,20 @@ PrefillFailed parse_prefill_failed(std::span<const uint8_t> payload) {
   return m;
 }
 
+NcclId parse_nccl_id(std::span<const uint8_t> payload) {
+  Reader r(payload);
+  NcclId m;
+  fixed(r, m.id, kNcclIdBytes, "NCCL unique id");
+  r.finish("NCCL id");
+  return m;
+}
+
+KvHeader parse_kv_nccl(std::span<const uint8_t> payload) {
+  if (payload.size() != kKvHeaderBytes)
+    throw ProtocolError(fmt::format("NCCL KV frame of {} bytes, not {}", payload.size(), kKvHeaderBytes));
+  return parse_kv_header(payload);
+}
+
 std::vector<uint8_t> encode(const Hello& m) {
   Writer w;
   w.bytes(m.nonce);
@@ -351,6 +365,21 @@ std::vector<uint8_t> encode(const PrefillFailed& m) {
   w.put(m.request_id);
   w.string(m.reason);
   return w.frame(MessageType::kPrefillFailed);
+}
+
+std::vector<uint8_t> encode(const NcclId& m) {
+  Writer w;
+  w.bytes(m.id);
+  return w.frame(MessageType::kNcclId);
+}
+
+std::vector<uint8_t> encode_kv_nccl(const KvHeader& m) {
+  Writer w;
+  w.put(m.request_id);
+  w.put(m.first_layer);
+  w.put(m.num_layers);
+  w.put(m.num_blocks);
+  return w.frame(MessageType::kKvNccl);
 }
 
 }  // namespace pagoda::disagg

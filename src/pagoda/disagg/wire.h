@@ -45,6 +45,9 @@ enum class MessageType : uint16_t {
   kKv = 8,          // prefill -> decode: KvHeader then the request's pages
   kPrefillDone = 9,     // prefill -> decode: the first token; the KV frame came before it
   kPrefillFailed = 10,  // prefill -> decode: the request could not be prefilled, and why
+  // Between GPUs (NcclKvTransport, disagg/nccl/): the pair's NCCL communicator moves the pages.
+  kNcclId = 11,    // decode -> prefill, after Accept: the communicator's unique id
+  kKvNccl = 12,    // prefill -> decode: a KvHeader; those pages follow on the communicator
 };
 
 struct FrameHeader {
@@ -119,6 +122,10 @@ struct PrefillFailed {
 struct Cancel {
   uint64_t request_id = 0;
 };
+inline constexpr size_t kNcclIdBytes = 128;  // NCCL_UNIQUE_ID_BYTES
+struct NcclId {
+  std::vector<uint8_t> id;  // kNcclIdBytes
+};
 
 // Header: checks magic, version and the type, and bounds a control payload (a KV payload is
 // bounded by the receiver, which knows what it asked for).
@@ -137,6 +144,8 @@ Cancel parse_cancel(std::span<const uint8_t> payload);
 KvHeader parse_kv_header(std::span<const uint8_t> bytes);  // exactly kKvHeaderBytes
 PrefillDone parse_prefill_done(std::span<const uint8_t> payload);
 PrefillFailed parse_prefill_failed(std::span<const uint8_t> payload);
+NcclId parse_nccl_id(std::span<const uint8_t> payload);
+KvHeader parse_kv_nccl(std::span<const uint8_t> payload);  // a kKvNccl payload: one KvHeader
 
 std::vector<uint8_t> encode(const Hello& m);
 std::vector<uint8_t> encode(const Challenge& m);
@@ -149,6 +158,8 @@ std::vector<uint8_t> encode(const Cancel& m);
 std::vector<uint8_t> encode_kv_prefix(const KvHeader& m, uint64_t page_bytes, uint64_t tail_bytes);
 std::vector<uint8_t> encode(const PrefillDone& m);
 std::vector<uint8_t> encode(const PrefillFailed& m);
+std::vector<uint8_t> encode(const NcclId& m);
+std::vector<uint8_t> encode_kv_nccl(const KvHeader& m);
 
 // Bytes of a KV frame's pages: in each of num_layers layers, the K and V pages of num_blocks
 // blocks, then tail_bytes of the last block's unquantized tail (int2; see Backend::kv_tail_bytes).

@@ -82,6 +82,8 @@ class CudaBackend final : public Backend {
               std::span<int32_t> tokens) override;
 
   cudaStream_t stream() const { return stream_; }
+  // Layer `layer`'s K and V pools in device memory (for the NCCL KV transport, disagg/nccl/).
+  const PagedKv& kv_layer(int layer) const { return kv_layers_.at(size_t(layer)); }
   // Switches graph capture and replay on or off (tests compare the two on one backend, whose
   // GEMM algorithm choices then stay the same).
   void enable_graphs(bool on) { options_.graphs = on; }
