@@ -264,7 +264,7 @@ def main():
                          f"{r['tpot']['mean']:.4f} / {r['tpot']['p90']:.4f} | {r['jct']['mean']:.3f} / "
                          f"{r['jct']['p90']:.3f} | {r['output_tokens_per_s']:.1f} {kv}")
     lines += ["", f"KV moved: whole pages of the decode server's KV storage, prompt tokens not in its prefix cache; "
-              f"the wire time (first KV byte to last, per request, summed) against bytes / the measured loopback "
+              f"the wire time (reading the pages off the socket, summed over frames and requests) against bytes / the measured loopback "
               f"bandwidth {bandwidth / 1e9:.2f} GB/s. Local fallbacks: "
               + ", ".join(f"{label} {int(m['fallbacks'])}" for label, _, _, m in runs) + "; decode-side prefix-cache "
               "hits: " + ", ".join(f"{label} {int(m['prefix_hit_tokens'])} tokens" for label, _, _, m in runs) + ".", ""]

@@ -31,7 +31,8 @@ struct TransferEvent {
   bool ok = false;
   std::string error;    // why it failed
   uint64_t bytes = 0;   // page bytes moved
-  // receive: from the first byte to the last on the wire; send: reading the pages from the pool
+  // receive: reading its pages off the wire (summed over its frames: between per-layer frames
+  // the prefill computes); send: reading the pages from the pool
   double seconds = 0;
 };
 

@@ -118,13 +118,13 @@ void TcpKvTransport::read_frame(const FrameHeader& frame, Deadline deadline) {
     return;
   }
   if (first) {
-    p.first_byte = start;
     p.pages = std::move(pages);
   } else {
     p.pages.insert(p.pages.end(), pages.begin(), pages.end());
   }
   p.staged = complete;
-  p.seconds = std::chrono::duration<double>(end - p.first_byte).count();
+  // The frames' own reading times: between a request's per-layer frames the prefill computes.
+  p.seconds += std::chrono::duration<double>(end - start).count();
 }
 
 void TcpKvTransport::fail_all(const std::string& reason) {

@@ -48,8 +48,7 @@ class TcpKvTransport final : public KvTransport {
     bool cancelled = false;  // read and drop its pages
     std::string error;     // non-empty: failed
     std::vector<std::byte> pages;
-    std::chrono::steady_clock::time_point first_byte;
-    double seconds = 0;
+    double seconds = 0;  // reading its frames' pages off the socket
   };
   uint64_t layer_bytes(size_t num_blocks, int32_t last_block_tokens) const;
 
