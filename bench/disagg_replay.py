@@ -15,9 +15,12 @@ are sent at their (scaled) arrival times, streamed, greedy, with ignore_eos so t
 generates exactly its output length.
 
 Colocated: one `pagoda serve`. Disaggregated: `--role prefill` and `--role decode` processes
-(--prefill-servers of them), started by this script on 127.0.0.1. Bytes moved and transfer time
-come from the decode server's /metrics; the bound they are measured against is this machine's
-loopback TCP bandwidth, measured here (bytes / bandwidth = the least time the bytes can take).
+(--prefill-servers of them), started by this script on 127.0.0.1. With --kv-dtypes f16,int2 both
+deployments run once per KV storage (`--kv-cache-dtype` on every server), so that the bytes each
+moves sit side by side. Or give running servers: --colocated HOST:PORT --decode HOST:PORT (the
+decode server's prefill servers are its own affair). Bytes moved and transfer time come from the
+decode server's /metrics; the bound they are measured against is this machine's loopback TCP
+bandwidth, measured here (bytes / bandwidth = the least time the bytes can take).
 """
 
 import argparse
@@ -152,9 +155,53 @@ def kv_metrics(server):
             "prefix_hit_tokens": m.get("pagoda_prefix_cache_hit_tokens_total", 0.0)}
 
 
+class Running:
+    """A server this script did not start, at HOST:PORT (the harness's request helpers need only these)."""
+
+    def __init__(self, address):
+        self.host, port = address.rsplit(":", 1)
+        self.port = int(port)
+        self.args = []
+
+    def auth_headers(self):
+        return {}
+
+    def metrics_headers(self):
+        return {}
+
+
+def replay_disaggregated(decode, requests):
+    before = kv_metrics(decode)
+    result = replay(decode, requests)
+    after = kv_metrics(decode)
+    return result, {k: after[k] - before[k] for k in after}
+
+
+def run_deployments(binary, extra, requests, prefill_servers):
+    """Colocated, then disaggregated, on servers started here; returns both results and the KV moved."""
+    with h.PagodaServer(binary, *extra) as colocated:
+        colocated_result = replay(colocated, requests)
+    prefills = []
+    try:
+        for _ in range(prefill_servers):
+            p = h.PagodaServer(binary, "--role", "prefill", "--peer-port", 0, "--peer-key", KEY, *extra).start()
+            p.peer_port = int(PEER_LINE.search(p.log_tail(400)).group(1))
+            prefills.append(p)
+        peers = [a for p in prefills for a in ("--prefill", f"127.0.0.1:{p.peer_port}")]
+        with h.PagodaServer(binary, "--role", "decode", "--peer-key", KEY, *peers, *extra) as decode:
+            ok = h.wait_for_metrics(decode, lambda m: m.get('pagoda_disagg_peers_connected{role="decode"}') == len(prefills))[1]
+            if not ok:
+                sys.exit("disagg_replay: the decode server did not connect to its prefill servers")
+            disagg_result, moved = replay_disaggregated(decode, requests)
+    finally:
+        for p in prefills:
+            p.stop()
+    return colocated_result, disagg_result, moved
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--pagoda", required=True)
+    parser.add_argument("--pagoda", help="the binary (needed unless --colocated and --decode are given)")
     source = parser.add_mutually_exclusive_group(required=True)
     source.add_argument("--trace")
     source.add_argument("--synthetic", type=int, help="generate this many requests instead")
@@ -165,61 +212,62 @@ def main():
     parser.add_argument("--max-input", type=int, default=0)
     parser.add_argument("--max-output", type=int, default=0)
     parser.add_argument("--prefill-servers", type=int, default=1)
+    parser.add_argument("--kv-dtypes", default="", help="comma-separated --kv-cache-dtype values, one run of both "
+                        "deployments each (default: the servers' default)")
+    parser.add_argument("--colocated", help="HOST:PORT of a running colocated server (with --decode)")
+    parser.add_argument("--decode", help="HOST:PORT of a running decode server (with --colocated)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--server-args", default="", help="extra flags for every server")
     parser.add_argument("--out")
     parser.add_argument("--md")
     args = parser.parse_args()
-    binary = os.path.abspath(args.pagoda)
-    extra = shlex.split(args.server_args)
+    if bool(args.colocated) != bool(args.decode):
+        parser.error("--colocated and --decode go together")
+    if not args.colocated and not args.pagoda:
+        parser.error("--pagoda is needed to start the servers")
     requests = scaled_requests(load_trace(args), args)
 
-    with h.PagodaServer(binary, *extra) as colocated:
-        colocated_result = replay(colocated, requests)
+    runs = []  # (label, colocated result, disaggregated result, KV moved)
+    if args.colocated:
+        colocated_result = replay(Running(args.colocated), requests)
+        disagg_result, moved = replay_disaggregated(Running(args.decode), requests)
+        runs.append(("given servers", colocated_result, disagg_result, moved))
+    else:
+        binary = os.path.abspath(args.pagoda)
+        extra = shlex.split(args.server_args)
+        for dtype in [d for d in args.kv_dtypes.split(",") if d] or [""]:
+            flags = extra + (["--kv-cache-dtype", dtype] if dtype else [])
+            runs.append((f"KV {dtype or 'default'}", *run_deployments(binary, flags, requests, args.prefill_servers)))
 
-    prefills = []
-    try:
-        for _ in range(args.prefill_servers):
-            p = h.PagodaServer(binary, "--role", "prefill", "--peer-port", 0, "--peer-key", KEY, *extra).start()
-            p.peer_port = int(PEER_LINE.search(p.log_tail(400)).group(1))
-            prefills.append(p)
-        peers = [a for p in prefills for a in ("--prefill", f"127.0.0.1:{p.peer_port}")]
-        with h.PagodaServer(binary, "--role", "decode", "--peer-key", KEY, *peers, *extra) as decode:
-            ok = h.wait_for_metrics(decode, lambda m: m.get('pagoda_disagg_peers_connected{role="decode"}') == len(prefills))[1]
-            if not ok:
-                sys.exit("disagg_replay: the decode server did not connect to its prefill servers")
-            before = kv_metrics(decode)
-            disagg_result = replay(decode, requests)
-            after = kv_metrics(decode)
-    finally:
-        for p in prefills:
-            p.stop()
-
-    moved = {k: after[k] - before[k] for k in after}
     bandwidth = loopback_bandwidth()
-    moved["bytes_per_token"] = moved["bytes"] / moved["tokens"] if moved["tokens"] else None
-    moved["loopback_bytes_per_s"] = bandwidth
-    moved["bound_s"] = moved["bytes"] / bandwidth
-    moved["seconds_over_bound"] = moved["seconds"] / moved["bound_s"] if moved["bound_s"] else None
+    for _, _, _, moved in runs:
+        moved["bytes_per_token"] = moved["bytes"] / moved["tokens"] if moved["tokens"] else None
+        moved["loopback_bytes_per_s"] = bandwidth
+        moved["bound_s"] = moved["bytes"] / bandwidth
+        moved["seconds_over_bound"] = moved["seconds"] / moved["bound_s"] if moved["bound_s"] else None
     report = {"machine": machine(), "commit": git_commit(), "command": " ".join(map(shlex.quote, sys.argv)),
               "requests": len(requests), "prompt_tokens": sum(len(r["prompt"]) for r in requests),
-              "output_tokens": sum(r["max_tokens"] for r in requests), "prefill_servers": len(prefills),
-              "colocated": colocated_result, "disaggregated": disagg_result, "kv_moved": moved}
+              "output_tokens": sum(r["max_tokens"] for r in requests), "prefill_servers": args.prefill_servers,
+              "runs": [{"label": label, "colocated": c, "disaggregated": d, "kv_moved": m} for label, c, d, m in runs]}
     lines = [
         f"# Disaggregated vs colocated replay ({len(requests)} requests, {report['prompt_tokens']} prompt tokens, "
-        f"{report['output_tokens']} output tokens, {len(prefills)} prefill server(s))", "",
-        "| deployment | TTFT mean / p90 (s) | TPOT mean / p90 (s) | JCT mean / p90 (s) | output tok/s |",
-        "|---|---|---|---|---|"]
-    for name, r in (("colocated", colocated_result), ("disaggregated", disagg_result)):
-        lines.append(f"| {name} | {r['ttft']['mean']:.3f} / {r['ttft']['p90']:.3f} | {r['tpot']['mean']:.4f} / "
-                     f"{r['tpot']['p90']:.4f} | {r['jct']['mean']:.3f} / {r['jct']['p90']:.3f} | "
-                     f"{r['output_tokens_per_s']:.1f} |")
-    lines += ["", f"KV moved: {moved['bytes'] / 1e6:.1f} MB for {int(moved['tokens'])} prompt tokens "
-              f"({(moved['bytes_per_token'] or 0) / 1e3:.1f} KB/token, whole pages); wire time "
-              f"{moved['seconds']:.3f} s against a bound of {moved['bound_s']:.3f} s at the measured loopback "
-              f"{bandwidth / 1e9:.2f} GB/s (ratio {moved['seconds_over_bound'] or 0:.2f}); "
-              f"decode-side prefix-cache hits {int(moved['prefix_hit_tokens'])} tokens; "
-              f"local fallbacks {int(moved['fallbacks'])}.", ""]
+        f"{report['output_tokens']} output tokens, {args.prefill_servers} prefill server(s))", "",
+        "| KV | deployment | TTFT mean / p90 (s) | TPOT mean / p90 (s) | JCT mean / p90 (s) | output tok/s "
+        "| KV moved (MB) | KB/token | wire s / bound s |",
+        "|---|---|---|---|---|---|---|---|---|"]
+    for label, colocated_result, disagg_result, moved in runs:
+        for name, r in (("colocated", colocated_result), ("disaggregated", disagg_result)):
+            kv = ("| - | - | - |" if name == "colocated" else
+                  f"| {moved['bytes'] / 1e6:.1f} | {(moved['bytes_per_token'] or 0) / 1e3:.1f} | "
+                  f"{moved['seconds']:.3f} / {moved['bound_s']:.3f} |")
+            lines.append(f"| {label} | {name} | {r['ttft']['mean']:.3f} / {r['ttft']['p90']:.3f} | "
+                         f"{r['tpot']['mean']:.4f} / {r['tpot']['p90']:.4f} | {r['jct']['mean']:.3f} / "
+                         f"{r['jct']['p90']:.3f} | {r['output_tokens_per_s']:.1f} {kv}")
+    lines += ["", f"KV moved: whole pages of the decode server's KV storage, prompt tokens not in its prefix cache; "
+              f"the wire time (reading the pages off the socket, summed over frames and requests) against bytes / the measured loopback "
+              f"bandwidth {bandwidth / 1e9:.2f} GB/s. Local fallbacks: "
+              + ", ".join(f"{label} {int(m['fallbacks'])}" for label, _, _, m in runs) + "; decode-side prefix-cache "
+              "hits: " + ", ".join(f"{label} {int(m['prefix_hit_tokens'])} tokens" for label, _, _, m in runs) + ".", ""]
     print("\n".join(lines))
     if args.out:
         with open(args.out, "w") as f:

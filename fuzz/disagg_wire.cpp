@@ -54,6 +54,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   round_trip(payload, parse_cancel, [](const Cancel& m) { return encode(m); });
   round_trip(payload, parse_prefill_done, [](const PrefillDone& m) { return encode(m); });
   round_trip(payload, parse_prefill_failed, [](const PrefillFailed& m) { return encode(m); });
+  round_trip(payload, parse_nccl_id, [](const NcclId& m) { return encode(m); });
+  round_trip(payload, parse_kv_nccl, [](const KvHeader& m) { return encode_kv_nccl(m); });
   if (payload.size() >= kKvHeaderBytes) {
     try {
       const KvHeader h = parse_kv_header(payload.first(kKvHeaderBytes));

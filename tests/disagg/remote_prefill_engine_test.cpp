@@ -11,6 +11,7 @@
 #include <map>
 #include <memory>
 
+#include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
 #include "pagoda/backend/cpu/cpu_backend.h"
@@ -27,8 +28,8 @@ struct Golden {
 };
 
 struct Side {
-  explicit Side(const Checkpoint& checkpoint)
-      : model(checkpoint, backend, LoadOptions{.show_progress = false}) {}
+  explicit Side(const Checkpoint& checkpoint, const LoadOptions& options = {.show_progress = false})
+      : model(checkpoint, backend, options) {}
   CpuBackend backend;
   Model model;
 };
@@ -80,7 +81,9 @@ class RemotePrefillEngine : public ::testing::Test {
     EXPECT_EQ(first.size(), 1u);
     const kv::BlockTable* kept = prefill.kept_kv(id);
     EXPECT_NE(kept, nullptr);
-    tx.send(wire_id, std::span(kept->block_ids).subspan(size_t(skip)), 0, prefill_->model.config().num_layers);
+    const auto last_block_tokens = int32_t(prompt.size() - (kept->block_ids.size() - 1) * 16);
+    tx.send(wire_id, std::span(kept->block_ids).subspan(size_t(skip)), last_block_tokens, 0,
+            prefill_->model.config().num_layers);
     prefill.release_kept_kv(id);
     return first.at(0);
   }
@@ -98,7 +101,8 @@ class RemotePrefillEngine : public ::testing::Test {
     const Engine::RemotePrefill& r = started.at(0);
     if (cached_blocks) *cached_blocks = r.cached_blocks;
     const auto blocks = std::span(r.block_ids).subspan(size_t(r.cached_blocks));
-    rx.receive(uint64_t(id), blocks, 0, decode_->model.config().num_layers);
+    rx.receive(uint64_t(id), blocks, int32_t(prompt.size() - (r.block_ids.size() - 1) * 16), 0,
+               decode_->model.config().num_layers);
     const int32_t first = prefill_and_send(prefill, tx, uint64_t(id), prompt, r.cached_blocks);
     rx.read_frame(receiver_->read_header(), std::chrono::steady_clock::now() + std::chrono::seconds(10));
     const std::vector<TransferEvent> events = rx.poll();
@@ -129,6 +133,95 @@ TEST_F(RemotePrefillEngine, GreedyOutputEqualsHuggingFace) {
   EXPECT_EQ(decode.num_free_blocks() + decode.num_cached_blocks(), decode.num_kv_blocks());
 }
 
+// The KV storage formats on the wire: f16 and int2 pools move their pages as stored (codes and
+// metadata; fp8 is tests/server/disagg_test.py's), layer by layer as the prefill engine's forward pass stores each (its layer hook,
+// as the prefill server sends them), and the decode engine's greedy output equals the colocated
+// engine's on the same storage. Prompt lengths: 60 (an int2 V partition still in its f16 tail,
+// which the decode side fills and seals at token 64) and 128 (two int2 blocks of whole
+// partitions). Bytes are checked against page sizes computed by hand, and int2's against f16's
+// for the same tokens.
+TEST_F(RemotePrefillEngine, KvTravelsAsStoredLayerByLayer) {
+  struct Storage {
+    const char* name;
+    LoadOptions options;
+    int32_t block_size;
+    uint64_t page_bytes;  // by hand: SmolLM2 has 3 KV heads of 64
+  };
+  const Storage storages[] = {
+      {"f16", {.show_progress = false, .kv_dtype = DType::kF16}, 16, 16 * 3 * 64 * 2},
+      // K: 2-bit codes, and per token and head one partition's f16 min, f16 scale and 1-byte sum;
+      // V: the same bytes, partitioned along the block's 64 tokens
+      {"int2", {.show_progress = false, .kv_quant = KvQuant::kInt2, .kv_partition = 64, .kv_hadamard = true}, 64,
+       3 * 64 * (64 / 4 + 5)},
+  };
+  std::vector<int32_t> text;
+  for (int i = 0; int32_t(text.size()) < 128; ++i) {
+    const std::vector<int32_t> more = tokenizer_->encode(fmt::format("Item {} of the inventory is a box of {} apples. ",
+                                                                     i, i * 7 % 13), i == 0);
+    text.insert(text.end(), more.begin(), more.end());
+  }
+  const std::vector<std::vector<int32_t>> prompts = {{text.begin(), text.begin() + 60},
+                                                     {text.begin(), text.begin() + 128}};
+  const int32_t layers = prefill_->model.config().num_layers;
+  std::map<std::string, uint64_t> bytes_for_128;
+  for (const Storage& storage : storages) {
+    SCOPED_TRACE(storage.name);
+    Side prefill_side(*checkpoint_, storage.options), decode_side(*checkpoint_, storage.options);
+    // No prefix caching: the prompts share their first 60 tokens, and every block must travel.
+    const EngineOptions options{.block_size = storage.block_size, .num_kv_blocks = 32, .prefix_caching = false};
+    std::vector<std::vector<int32_t>> expected;
+    {
+      Engine colocated(decode_side.model, *tokenizer_, options);
+      for (const auto& prompt : prompts)
+        expected.push_back(run(colocated, colocated.submit({.prompt = prompt, .params = greedy(8)})));
+    }
+    Engine prefill(prefill_side.model, *tokenizer_, options);
+    Engine decode(decode_side.model, *tokenizer_, options);
+    EXPECT_EQ(decode_side.backend.kv_page_bytes(), storage.page_bytes);
+    TcpKvTransport tx(*sender_), rx(*receiver_);
+    tx.register_pool(prefill_side.backend, layers);
+    rx.register_pool(decode_side.backend, layers);
+    for (size_t i = 0; i < prompts.size(); ++i) {
+      const std::vector<int32_t>& prompt = prompts[i];
+      const RequestId id = decode.submit({.prompt = prompt, .params = greedy(8), .prefill_remotely = true});
+      const std::vector<Engine::RemotePrefill> started = decode.start_remote_prefills();
+      ASSERT_EQ(started.size(), 1u);
+      const auto blocks = std::span(started[0].block_ids).subspan(size_t(started[0].cached_blocks));
+      const auto last_block_tokens = int32_t(prompt.size() - (started[0].block_ids.size() - 1) * size_t(storage.block_size));
+      rx.receive(uint64_t(id), blocks, last_block_tokens, 0, layers);
+
+      const RequestId prefill_id = prefill.submit({.prompt = prompt, .params = greedy(1), .keep_kv = true});
+      int32_t layers_sent = 0;
+      prefill.set_kept_kv_layer_hook([&](int32_t layer, std::span<const Engine::KeptKvLayer> requests) {
+        ASSERT_EQ(requests.size(), 1u);
+        EXPECT_EQ(requests[0].id, prefill_id);
+        EXPECT_EQ(layer, layers_sent);
+        tx.send(uint64_t(id), requests[0].block_ids.subspan(size_t(started[0].cached_blocks)), last_block_tokens, layer, 1);
+        ++layers_sent;
+      });
+      const std::vector<int32_t> first = run(prefill, prefill_id);
+      prefill.release_kept_kv(prefill_id);
+      EXPECT_EQ(layers_sent, layers);
+      ASSERT_EQ(first.size(), 1u);
+      for (int32_t l = 0; l < layers; ++l)  // one frame per layer
+        rx.read_frame(receiver_->read_header(), std::chrono::steady_clock::now() + std::chrono::seconds(10));
+      const std::vector<TransferEvent> events = rx.poll();
+      ASSERT_EQ(events.size(), 1u);
+      ASSERT_TRUE(events[0].ok);
+      // int2: the V rows of the last block's unsealed partition travel in f16 (3 heads x 64 x 2 B).
+      const uint64_t tail = storage.options.kv_quant == KvQuant::kInt2 ? uint64_t(last_block_tokens % 64) * 3 * 64 * 2 : 0;
+      EXPECT_EQ(events[0].bytes, uint64_t(layers) * (blocks.size() * 2 * storage.page_bytes + tail));
+      if (prompt.size() == 128) bytes_for_128[storage.name] = events[0].bytes;
+      EXPECT_TRUE(decode.complete_remote_prefill(id, first[0]));
+      EXPECT_EQ(run(decode, id), expected[i]) << prompt.size() << " tokens";
+    }
+    EXPECT_EQ(decode.stats().prompt_tokens, 0);
+  }
+  // The same 128 tokens: int2 moves 16.4% of f16's bytes (the bound: 17%).
+  EXPECT_LE(double(bytes_for_128["int2"]), 0.17 * double(bytes_for_128["f16"]));
+  EXPECT_EQ(bytes_for_128["int2"] * 2048, bytes_for_128["f16"] * 336);
+}
+
 TEST_F(RemotePrefillEngine, DecodePrefixCacheHitSkipsItsBlocks) {
   const std::vector<int32_t> prompt = golden_.at(1).ids;  // 39 tokens: two full blocks
   std::vector<int32_t> expected;
@@ -153,15 +246,15 @@ TEST_F(RemotePrefillEngine, FrameThatLiesAboutItsBlocksIsRefused) {
   tx.register_pool(prefill_->backend, prefill_->model.config().num_layers);
   rx.register_pool(decode_->backend, decode_->model.config().num_layers);
   const std::vector<int32_t> two_blocks = {0, 1};
-  rx.receive(5, std::span(two_blocks).first(1), 0, 30);
-  tx.send(5, two_blocks, 0, 30);  // one block more than asked for
+  rx.receive(5, std::span(two_blocks).first(1), 16, 0, 30);
+  tx.send(5, two_blocks, 16, 0, 30);  // one block more than asked for
   EXPECT_THROW(rx.read_frame(receiver_->read_header(), std::nullopt), ProtocolError);
   rx.fail_all("refused");
   const std::vector<TransferEvent> events = rx.poll();
   ASSERT_EQ(events.size(), 1u);
   EXPECT_FALSE(events[0].ok);
   // Pages for a request never asked for are refused too.
-  tx.send(6, std::span(two_blocks).first(1), 0, 30);
+  tx.send(6, std::span(two_blocks).first(1), 16, 0, 30);
   EXPECT_THROW(rx.read_frame(receiver_->read_header(), std::nullopt), ProtocolError);
 }
 

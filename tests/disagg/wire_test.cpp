@@ -20,8 +20,8 @@ TEST(Wire, FrameHeaderRoundTripsAndNamesThePayload) {
   const FrameHeader h = parse_frame_header(std::span(frame).first(kFrameHeaderBytes));
   EXPECT_EQ(h.type, MessageType::kCancel);
   EXPECT_EQ(h.payload_bytes, 8u);
-  // Hand-checked layout: "PGKV", version 1, type 7, length 8, little-endian.
-  const uint8_t expected[16] = {'P', 'G', 'K', 'V', 1, 0, 7, 0, 8, 0, 0, 0, 0, 0, 0, 0};
+  // Hand-checked layout: "PGKV", version 2, type 7, length 8, little-endian.
+  const uint8_t expected[16] = {'P', 'G', 'K', 'V', 2, 0, 7, 0, 8, 0, 0, 0, 0, 0, 0, 0};
   EXPECT_EQ(0, std::memcmp(frame.data(), expected, 16));
   EXPECT_EQ(parse_cancel(payload_of(frame)).request_id, 42u);
 }
@@ -32,12 +32,12 @@ TEST(Wire, HeaderRefusesWrongMagicVersionTypeAndSize) {
   bad[0] = 'X';
   EXPECT_THROW(parse_frame_header(bad), ProtocolError);
   bad = h;
-  bad[4] = 2;  // version 2
+  bad[4] = 1;  // version 1: pages in one frame, no int2 tails
   try {
     parse_frame_header(bad);
     FAIL();
   } catch (const ProtocolError& e) {
-    EXPECT_NE(std::string(e.what()).find("version 2"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("version 1"), std::string::npos) << e.what();
   }
   bad = h;
   bad[6] = 99;  // type
@@ -83,8 +83,8 @@ TEST(Wire, PrefillRequestRefusesLiesAndTruncation) {
 }
 
 TEST(Wire, AuthCarriesTheKvFormat) {
-  const KvFormat f{.dtype = 2, .layout = 0, .partition = 64, .num_layers = 30, .block_size = 16, .num_kv_heads = 3,
-                   .head_dim = 64, .page_bytes = 6144, .model_fingerprint = 0x1234};
+  const KvFormat f{.dtype = 2, .layout = 0, .quant = 2, .rotation = 1, .partition = 64, .num_layers = 30,
+                   .block_size = 64, .num_kv_heads = 3, .head_dim = 64, .page_bytes = 4032, .model_fingerprint = 0x1234};
   const Auth back = parse_auth(payload_of(encode(Auth{std::vector<uint8_t>(kMacBytes, 7), f})));
   EXPECT_EQ(back.format, f);
   EXPECT_EQ(back.mac, std::vector<uint8_t>(kMacBytes, 7));
@@ -92,22 +92,50 @@ TEST(Wire, AuthCarriesTheKvFormat) {
   KvFormat zero_layers = f;
   zero_layers.num_layers = 0;
   EXPECT_THROW(parse_accept(payload_of(encode_accept(zero_layers))), ProtocolError);
+  KvFormat unknown_quant = f;
+  unknown_quant.quant = 3;
+  EXPECT_THROW(parse_accept(payload_of(encode_accept(unknown_quant))), ProtocolError);
+  // The quantization and rotation bytes sit right after dtype and layout.
+  const std::vector<uint8_t> accept = encode_accept(f);
+  const std::span<const uint8_t> payload = payload_of(accept);
+  EXPECT_EQ(payload[2], 2);
+  EXPECT_EQ(payload[3], 1);
 }
 
 TEST(Wire, KvHeaderAndPageBytes) {
   const KvHeader h{.request_id = 3, .first_layer = 0, .num_layers = 30, .num_blocks = 2};
-  const std::vector<uint8_t> prefix = encode_kv_prefix(h, 1000);
+  const std::vector<uint8_t> prefix = encode_kv_prefix(h, 1000, 0);
   ASSERT_EQ(prefix.size(), kFrameHeaderBytes + kKvHeaderBytes);
   const FrameHeader frame = parse_frame_header(std::span(prefix).first(kFrameHeaderBytes));
   EXPECT_EQ(frame.type, MessageType::kKv);
   EXPECT_EQ(frame.payload_bytes, kKvHeaderBytes + 30u * 2 * 2 * 1000);  // layers x blocks x (K, V) x page
+  // An int2 tail: once per layer, after the layer's pages.
+  EXPECT_EQ(kv_pages_bytes(h, 1000, 384), 30u * (2 * 2 * 1000 + 384));
   const KvHeader back = parse_kv_header(std::span(prefix).subspan(kFrameHeaderBytes));
   EXPECT_EQ(back.request_id, 3u);
   EXPECT_EQ(back.num_blocks, 2);
   KvHeader negative = h;
   negative.num_blocks = -1;
-  const std::vector<uint8_t> lying = encode_kv_prefix(negative, 1);
+  const std::vector<uint8_t> lying = encode_kv_prefix(negative, 1, 0);
   EXPECT_THROW(parse_kv_header(std::span(lying).subspan(kFrameHeaderBytes)), ProtocolError);
+}
+
+TEST(Wire, NcclMessagesRoundTripAndRefuseOtherSizes) {
+  NcclId id{std::vector<uint8_t>(kNcclIdBytes)};
+  for (size_t i = 0; i < kNcclIdBytes; ++i) id.id[i] = uint8_t(i * 3);
+  const std::vector<uint8_t> frame = encode(id);
+  EXPECT_EQ(parse_frame_header(std::span(frame).first(kFrameHeaderBytes)).type, MessageType::kNcclId);
+  EXPECT_EQ(parse_nccl_id(payload_of(frame)).id, id.id);
+  EXPECT_THROW(parse_nccl_id(payload_of(frame).first(kNcclIdBytes - 1)), ProtocolError);
+  const std::vector<uint8_t> kv = encode_kv_nccl({.request_id = 4, .first_layer = 2, .num_layers = 1, .num_blocks = 3});
+  EXPECT_EQ(parse_frame_header(std::span(kv).first(kFrameHeaderBytes)).type, MessageType::kKvNccl);
+  const KvHeader back = parse_kv_nccl(payload_of(kv));
+  EXPECT_EQ(back.request_id, 4u);
+  EXPECT_EQ(back.first_layer, 2);
+  EXPECT_EQ(back.num_blocks, 3);
+  std::vector<uint8_t> longer(payload_of(kv).begin(), payload_of(kv).end());
+  longer.push_back(0);  // pages never follow on the link
+  EXPECT_THROW(parse_kv_nccl(longer), ProtocolError);
 }
 
 TEST(Wire, StringsAreBounded) {

@@ -8,6 +8,10 @@ Checks, on the default model (SmolLM2, greedy):
     OpenAI API itself from its own engine: today's colocated path), and the KV bytes on the wire
     are exactly the prompt's whole pages (blocks x layers x K,V x page bytes); a repeated prompt
     hits the decode server's prefix cache and sends fewer bytes;
+  - with --kv-cache-dtype f16, fp8 or int2 on both sides, the outputs equal the colocated
+    server's on the same storage and the bytes on the wire are the pool's pages as stored, int2's
+    (with its unsealed V partition in f16) 16.4% of f16's for the same 128 tokens; a decode server
+    whose KV storage differs is refused at connect;
   - peers sending random bytes, truncated frames, oversized lengths, another protocol version or
     the wrong key are disconnected with a logged reason, and the servers keep serving;
   - a prefill server that lies about its KV sizes, stalls, or is killed mid-request: the request
@@ -33,7 +37,7 @@ import serve_harness as h  # noqa: E402
 BINARY = None
 KEY = "disagg-test-key-0123456789"
 PEER_LINE = re.compile(r"decode servers connect to 127\.0\.0\.1:(\d+)")
-MAGIC, VERSION = b"PGKV", 1
+MAGIC, VERSION = b"PGKV", 2
 HELLO, CHALLENGE, AUTH, ACCEPT, REFUSE, PREFILL, CANCEL, KV, DONE, FAILED = range(1, 11)
 # SmolLM2-135M: 30 layers, 3 KV heads of 64, blocks of 16 tokens; f32 KV on the CPU backend,
 # f16 or bf16 on a GPU.
@@ -137,7 +141,7 @@ class Disaggregated(unittest.TestCase):
             "random bytes": os.urandom(4096),
             "truncated frame": frame(HELLO, os.urandom(32))[:30],
             "oversized length": MAGIC + struct.pack("<HHQ", VERSION, PREFILL, 1 << 40),
-            "another version": frame(HELLO, os.urandom(32), version=2),
+            "another version": frame(HELLO, os.urandom(32), version=1),
         }
         for name, data in cases.items():
             with socket.create_connection(("127.0.0.1", port), timeout=10) as sock:
@@ -150,7 +154,7 @@ class Disaggregated(unittest.TestCase):
                         pass
                 except OSError:
                     pass
-        for reason in ["not a pagoda KV frame", "closed the connection mid-frame", "control frame of", "protocol version 2"]:
+        for reason in ["not a pagoda KV frame", "closed the connection mid-frame", "control frame of", "protocol version 1"]:
             self.assertTrue(wait_for_log(self.prefill, "disconnected: .*" + reason), self.prefill.log_tail())
         # The wrong key: a proper handshake, a wrong proof; refused with the reason.
         with socket.create_connection(("127.0.0.1", port), timeout=10) as sock:
@@ -193,6 +197,70 @@ class Disaggregated(unittest.TestCase):
         before = self.sample("pagoda_kv_transfer_bytes_total")
         self.assertEqual(complete(self.decode, "Paris is")[0], complete(self.prefill, "Paris is")[0])
         self.assertGreater(self.sample("pagoda_kv_transfer_bytes_total"), before)
+
+
+class KvStorageOnTheWire(unittest.TestCase):
+    """Both sides with --kv-cache-dtype f16, fp8 or int2: pages travel as the pool stores them."""
+
+    LAYERS = 30
+    # Bytes of a prompt of n tokens by hand (3 KV heads of 64 a layer): f16 and fp8 in blocks of
+    # 16 tokens, a page of 16 x 3 x 64 values (fp8: one byte each, and an f32 scale per token and
+    # head); int2 in blocks of 64 (the partition), a page of 2-bit codes and, per partition, an
+    # f16 min, an f16 scale and a 1-byte sum, plus the V rows of the unsealed partition in f16.
+    EXPECTED = {
+        "f16": lambda n: -(-n // 16) * 30 * 2 * (16 * 3 * 64 * 2),
+        "fp8": lambda n: -(-n // 16) * 30 * 2 * (16 * 3 * (64 + 4)),
+        "int2": lambda n: 30 * (-(-n // 64) * 2 * (3 * 64 * (64 // 4 + 5)) + (n % 64) * 3 * 64 * 2),
+    }
+
+    @staticmethod
+    def token_prompt(n, seed):
+        rng = __import__("random").Random(seed)
+        return [rng.randrange(100, 40000) for _ in range(n)]
+
+    def complete_ids(self, server, prompt):
+        status, _, body = h.post_json(server, "/v1/completions", {"prompt": prompt, "max_tokens": 10, "temperature": 0})
+        self.assertEqual(status, 200, body[:300])
+        answer = json.loads(body)
+        self.assertEqual(answer["usage"]["prompt_tokens"], len(prompt))
+        return answer["choices"][0]["text"]
+
+    def test_outputs_equal_colocated_and_int2_moves_a_sixth_of_f16(self):
+        sent_for_128 = {}
+        # 128 tokens: whole int2 partitions; 120: a partition of 56 still in the f16 tail, which the
+        # decode server fills and seals at its 8th token.
+        prompts = {n: self.token_prompt(n, seed) for n, seed in ((128, 1), (120, 2))}
+        for dtype in ("f16", "fp8", "int2"):
+            with self.subTest(dtype=dtype):
+                # The reference: a colocated server that computes each prompt whole, as the prefill
+                # server does (a prefix-cache hit would compute it in two chunks, whose rounding
+                # differs: int2 turns that into other tokens).
+                with h.PagodaServer(BINARY, "--kv-cache-dtype", dtype) as colocated:
+                    expected = {n: self.complete_ids(colocated, prompt) for n, prompt in prompts.items()}
+                prefill = prefill_server("--peer-port", 0, "--kv-cache-dtype", dtype)
+                self.addCleanup(prefill.stop)
+                with h.PagodaServer(BINARY, "--role", "decode", "--peer-key", KEY, "--kv-cache-dtype", dtype,
+                                    "--prefill", f"127.0.0.1:{prefill.peer_port}") as decode:
+                    self.assertTrue(h.wait_for_metrics(
+                        decode, lambda m: m.get('pagoda_disagg_peers_connected{role="decode"}') == 1)[1],
+                        decode.log_tail())
+                    for n, prompt in prompts.items():
+                        before = h.metrics(decode).get('pagoda_kv_transfer_bytes_total{role="decode"}', 0)
+                        text = self.complete_ids(decode, prompt)
+                        sent = h.metrics(decode)['pagoda_kv_transfer_bytes_total{role="decode"}'] - before
+                        self.assertEqual(text, expected[n], (dtype, n))
+                        self.assertEqual(sent, self.EXPECTED[dtype](n), (dtype, n))
+                        if n == 128:
+                            sent_for_128[dtype] = sent
+                    self.assertEqual(h.metrics(decode)["pagoda_prompt_tokens_total"], 0)  # all prefilled remotely
+                if dtype == "int2":  # a decode server storing KV otherwise is refused at connect
+                    with h.PagodaServer(BINARY, "--role", "decode", "--peer-key", KEY, "--kv-cache-dtype", "fp8",
+                                        "--prefill", f"127.0.0.1:{prefill.peer_port}") as other:
+                        self.assertTrue(wait_for_log(other, "KV formats differ: .*quantization int2"), other.log_tail())
+                        self.assertTrue(wait_for_log(prefill, "disconnected: KV formats differ"), prefill.log_tail())
+                prefill.stop()
+        self.assertLessEqual(sent_for_128["int2"], 0.17 * sent_for_128["f16"])
+        self.assertEqual(sent_for_128["int2"] * 2048, sent_for_128["f16"] * 336)  # 16.4%
 
 
 class LyingAndStalledPrefill(unittest.TestCase):

@@ -125,10 +125,21 @@ class Backend {
   virtual void copy_kv_block(int32_t src, int32_t dst) = 0;
   // Whole KV pages (one block of one layer's K or V pool, kv_page_bytes() each) to and from host
   // memory, for moving a request's KV between servers (disagg/): the pages of `blocks` in
-  // `layer`, their K pages in order, then their V pages.
+  // `layer`, their K pages in order, then their V pages. A quantized pool's page is the block's
+  // codes and metadata as stored (core/quantized_paged_kv.h), K and V pages of the same size; the
+  // blocks written hold complete V partitions until write_kv_tail says otherwise.
   virtual size_t kv_page_bytes() const = 0;
   virtual void read_kv_pages(int layer, std::span<const int32_t> blocks, std::byte* dst) = 0;
   virtual void write_kv_pages(int layer, std::span<const int32_t> blocks, const std::byte* src) = 0;
+  // An int2 pool keeps a block's V partition unquantized (f16) until its last token arrives: the
+  // tail. For a block holding `tokens` tokens, kv_tail_bytes(tokens) bytes of tail rows are what
+  // read_kv_tail copies out and write_kv_tail puts back (0 when tokens is a multiple of the
+  // partition); write_kv_tail also marks which of the block's V partitions are sealed, so it
+  // follows write_kv_pages for the last block of a sequence. Pools without tails (f32, f16, bf16,
+  // fp8) keep these defaults.
+  virtual size_t kv_tail_bytes(int32_t /*tokens*/) const { return 0; }
+  virtual void read_kv_tail(int /*layer*/, int32_t /*block*/, int32_t /*tokens*/, std::byte* /*dst*/) {}
+  virtual void write_kv_tail(int /*layer*/, int32_t /*block*/, int32_t /*tokens*/, const std::byte* /*src*/) {}
   // Rotary embedding (rotate-half pairing, step.positions, step.rope_inv_freq) of the q and k
   // heads of qkv [rows, (q_heads + 2 kv_heads) * head_dim]: the rotated q goes to q [rows,
   // q_heads, head_dim]; the rotated k and the v of each row are stored in layer's KV cache at

@@ -5,6 +5,7 @@
 #include "pagoda/bench/allreduce.h"
 #include "pagoda/bench/attention.h"
 #include "pagoda/bench/generate.h"
+#include "pagoda/bench/kv_transfer.h"
 #include "pagoda/bench/prefix_attention.h"
 #include "pagoda/bench/quant_matmul.h"
 #include "pagoda/bench/throughput.h"
@@ -149,6 +150,18 @@ void register_bench_quant_matmul(CLI::App& bench_cmd) {
   cmd->callback([flags] { bench::run_quant_matmul_bench(*flags); });
 }
 
+void register_bench_kv_transfer(CLI::App& bench_cmd) {
+  auto flags = std::make_shared<bench::KvTransferBenchOptions>();
+  CLI::App* cmd = bench_cmd.add_subcommand(
+      "kv-transfer", "one prompt's KV over the disaggregated host path (TCP loopback) against its prefill, sent after "
+                     "it and layer by layer during it");
+  add_model_flags(*cmd, flags->model);
+  cmd->add_option("--prompt-tokens", flags->prompt_tokens, "prompt length (default 1024)");
+  cmd->add_option("--runs", flags->runs, "timed runs of each way, after a warm-up (default 3; the median is reported)");
+  cmd->add_option("--json", flags->json_path, "write the results as JSON to this file");
+  cmd->callback([flags] { bench::run_kv_transfer_bench(*flags); });
+}
+
 }  // namespace
 
 void register_bench(CLI::App& app) {
@@ -169,6 +182,7 @@ void register_bench(CLI::App& app) {
   register_bench_quant_matmul(*bench_cmd);
   register_bench_throughput(*bench_cmd);
   register_bench_allreduce(*bench_cmd);
+  register_bench_kv_transfer(*bench_cmd);
 }
 
 }  // namespace pagoda::cli

@@ -37,9 +37,11 @@ KvFormat local_kv_format(Model& model) {
   const ModelConfig& c = model.config();
   const int64_t shape[] = {c.vocab_size, c.hidden_size, c.num_layers, c.num_q_heads, c.num_kv_heads, c.head_dim,
                            c.intermediate_size};
-  return {.dtype = uint8_t(model.backend().activation_dtype()),
+  return {.dtype = uint8_t(model.kv_dtype()),
           .layout = uint8_t(KvLayout::kHnd),
-          .partition = 0,
+          .quant = uint8_t(model.kv_quant()),
+          .rotation = uint8_t(model.kv_hadamard()),
+          .partition = model.kv_quant() == KvQuant::kInt2 ? uint32_t(model.kv_partition()) : 0,
           .num_layers = c.num_layers,
           .block_size = model.kv_block_size(),
           .num_kv_heads = c.num_kv_heads,

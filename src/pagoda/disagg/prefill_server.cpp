@@ -122,6 +122,12 @@ void PrefillServer::forget_peer(Peer* peer, Engine& engine) {
 }
 
 void PrefillServer::before_step(Engine& engine) {
+  if (hooked_engine_ != &engine) {
+    engine.set_kept_kv_layer_hook([this](int32_t layer, std::span<const Engine::KeptKvLayer> requests) {
+      send_layer(layer, requests);
+    });
+    hooked_engine_ = &engine;
+  }
   std::vector<Inbound> inbox;
   {
     std::lock_guard lock(mutex_);
@@ -175,7 +181,7 @@ void PrefillServer::after_step(Engine& engine, std::vector<TokenEvent>& events) 
     auto it = jobs_.find(event.request);
     if (it == jobs_.end()) return false;
     if (event.finish == FinishReason::kNone) return true;  // a one-token request: never
-    const Job job = it->second;
+    Job job = it->second;
     jobs_.erase(it);
     const kv::BlockTable* kept = engine.kept_kv(event.request);
     PeerLink& link = *job.peer->link;
@@ -184,15 +190,38 @@ void PrefillServer::after_step(Engine& engine, std::vector<TokenEvent>& events) 
       link.send(encode(PrefillFailed{job.request_id, "the prefill server could not compute the prompt's KV"}));
       return true;
     }
-    const std::span<const int32_t> blocks = std::span(kept->block_ids).subspan(size_t(job.skip_blocks));
-    job.peer->transport->send(job.request_id, blocks, 0, model_.config().num_layers);
+    const int32_t num_layers = model_.config().num_layers;
+    if (job.layers_sent < num_layers)  // the step's layer hook did not send them all
+      send_layers(job, kept->block_ids, job.layers_sent, num_layers - job.layers_sent);
     engine.release_kept_kv(event.request);
     link.send(encode(PrefillDone{job.request_id, event.token}));
-    for (const TransferEvent& sent : job.peer->transport->poll())
-      metrics_.observe_transfer(sent.bytes, job.num_prompt - int64_t(job.skip_blocks) * format_.block_size, sent.seconds);
+    metrics_.observe_transfer(job.bytes_sent, job.num_prompt - int64_t(job.skip_blocks) * format_.block_size,
+                              job.read_seconds);
     return true;
   });
   publish(engine);
+}
+
+// Engine thread, inside a step: layer `layer` of these requests' prompts is stored.
+void PrefillServer::send_layer(int32_t layer, std::span<const Engine::KeptKvLayer> requests) {
+  for (const Engine::KeptKvLayer& r : requests) {
+    auto it = jobs_.find(r.id);
+    // A step recomputed after one that threw calls again for layers already sent.
+    if (it == jobs_.end() || it->second.layers_sent != layer || int32_t(r.block_ids.size()) != it->second.num_blocks)
+      continue;
+    send_layers(it->second, r.block_ids, layer, 1);
+  }
+}
+
+void PrefillServer::send_layers(Job& job, std::span<const int32_t> block_ids, int32_t first_layer, int32_t num_layers) {
+  const int32_t last_block_tokens = job.num_prompt - (job.num_blocks - 1) * format_.block_size;
+  job.peer->transport->send(job.request_id, block_ids.subspan(size_t(job.skip_blocks)), last_block_tokens, first_layer,
+                            num_layers);
+  job.layers_sent = first_layer + num_layers;
+  for (const TransferEvent& sent : job.peer->transport->poll()) {
+    job.bytes_sent += sent.bytes;
+    job.read_seconds += sent.seconds;
+  }
 }
 
 void PrefillServer::publish(const Engine& engine) {

@@ -1,7 +1,9 @@
 // PrefillServer: the prefill role (`pagoda serve --role prefill`). It listens for decode servers
 // (127.0.0.1 unless told otherwise), authenticates each (handshake.h), and runs their prefill
 // requests through this server's engine, as requests of one token whose KV the engine keeps
-// when they finish; the pages go back over the peer's transport, then the first token.
+// when they finish. The pages go back over the peer's transport layer by layer, as the step that
+// completes the prompt stores each layer's K/V (Engine::set_kept_kv_layer_hook), so that the
+// transfer overlaps the rest of the prefill; then the first token.
 //
 // Threads: one acceptor; per peer link, a reader (this file) and a writer (PeerLink). The
 // engine work happens in the EngineHook calls, on the engine thread. A peer whose bytes are not
@@ -68,6 +70,9 @@ class PrefillServer final : public server::EngineHook {
     int32_t num_blocks;   // the prompt's
     int32_t skip_blocks;  // leading blocks the decode server has: not sent
     int32_t num_prompt;
+    int32_t layers_sent = 0;
+    uint64_t bytes_sent = 0;
+    double read_seconds = 0;  // reading its pages from the pool
   };
 
   void accept_loop();
@@ -75,6 +80,8 @@ class PrefillServer final : public server::EngineHook {
   void post(Inbound inbound);
   void forget_peer(Peer* peer, Engine& engine);
   void publish(const Engine& engine);
+  void send_layer(int32_t layer, std::span<const Engine::KeptKvLayer> requests);
+  void send_layers(Job& job, std::span<const int32_t> block_ids, int32_t first_layer, int32_t num_layers);
 
   Model& model_;
   PrefillServerOptions options_;
@@ -92,6 +99,7 @@ class PrefillServer final : public server::EngineHook {
 
   // Engine thread only.
   std::unordered_map<RequestId, Job> jobs_;
+  Engine* hooked_engine_ = nullptr;  // the engine whose layer hook sends this server's pages
 };
 
 }  // namespace pagoda::disagg

@@ -164,7 +164,8 @@ bool RemotePrefill::send_to(Peer& peer, Pending& pending) {
   if (!link) return false;
   const Engine::RemotePrefill& r = pending.request;
   const std::span<const int32_t> blocks = std::span(r.block_ids).subspan(size_t(r.cached_blocks));
-  link->transport.receive(uint64_t(r.id), blocks, 0, format_.num_layers);
+  const auto last_block_tokens = int32_t(int64_t(r.prompt.size()) - int64_t(r.block_ids.size() - 1) * format_.block_size);
+  link->transport.receive(uint64_t(r.id), blocks, last_block_tokens, 0, format_.num_layers);
   const SamplingParams& p = r.params;
   link->peer.send(encode(PrefillRequest{.request_id = uint64_t(r.id),
                                         .tokens = r.prompt,
@@ -249,7 +250,11 @@ void RemotePrefill::before_step(Engine& engine) {
       continue;
     }
     auto it = pending_.find(RequestId(answer.request_id));
-    if (it == pending_.end() || it->second.link.get() != answer.link.get()) continue;  // moved on already
+    if (it == pending_.end() || it->second.link.get() != answer.link.get()) {  // moved on already
+      // A cancelled receive waits for its remaining layers; a failure says none will come.
+      if (!answer.first_token) answer.link->transport.forget(answer.request_id);
+      continue;
+    }
     Pending& pending = it->second;
     if (!answer.first_token) {
       pending.link->transport.forget(answer.request_id);

@@ -1,9 +1,10 @@
 // TcpKvTransport: the host path of KvTransport. Pages travel as kKv frames over the peer link's
-// TCP connection, staged in host memory at both ends (a GPU backend copies them through pinned
-// memory in read_kv_pages / write_kv_pages). The receiving link's reader thread reads a frame
-// only if its header matches a posted receive exactly (request, layers, block count, bytes), so
-// a peer cannot make it allocate or write anything it did not ask for; the pages reach the pool
-// on the engine thread, in poll(), and only for receives still posted.
+// TCP connection, one frame per send() (a layer, or all of them), staged in host memory at both
+// ends (a GPU backend copies them through pinned memory in read_kv_pages / write_kv_pages). The
+// receiving link's reader thread reads a frame only if its header matches a posted receive
+// exactly (request, the next layers it waits for, block count, bytes), so a peer cannot make it
+// allocate or write anything it did not ask for; the pages reach the pool on the engine thread,
+// in poll(), once every layer has come, and only for receives still posted.
 #pragma once
 
 #include <chrono>
@@ -20,8 +21,10 @@ class TcpKvTransport final : public KvTransport {
   explicit TcpKvTransport(PeerLink& link) : link_(link) {}
 
   void register_pool(Backend& backend, int32_t num_layers) override;
-  void send(uint64_t request_id, std::span<const int32_t> blocks, int32_t first_layer, int32_t num_layers) override;
-  void receive(uint64_t request_id, std::span<const int32_t> blocks, int32_t first_layer, int32_t num_layers) override;
+  void send(uint64_t request_id, std::span<const int32_t> blocks, int32_t last_block_tokens, int32_t first_layer,
+            int32_t num_layers) override;
+  void receive(uint64_t request_id, std::span<const int32_t> blocks, int32_t last_block_tokens, int32_t first_layer,
+               int32_t num_layers) override;
   void cancel_receive(uint64_t request_id) override;
   void forget(uint64_t request_id) override;
   std::vector<TransferEvent> poll() override;
@@ -36,14 +39,18 @@ class TcpKvTransport final : public KvTransport {
  private:
   struct Posted {
     std::vector<int32_t> blocks;
+    int32_t last_block_tokens = 0;
     int32_t first_layer = 0, num_layers = 0;
-    bool reading = false;  // the reader thread is filling `pages`
-    bool staged = false;
+    int32_t next_layer = 0;  // the layers before it have come
+    uint64_t layer_bytes = 0;  // K and V pages, then the last block's tail
+    bool reading = false;  // the reader thread is reading a frame of it
+    bool staged = false;   // every layer has come
     bool cancelled = false;  // read and drop its pages
     std::string error;     // non-empty: failed
     std::vector<std::byte> pages;
-    double seconds = 0;
+    double seconds = 0;  // reading its frames' pages off the socket
   };
+  uint64_t layer_bytes(size_t num_blocks, int32_t last_block_tokens) const;
 
   PeerLink& link_;
   Backend* backend_ = nullptr;

@@ -93,8 +93,10 @@ KvFormat read_format(Reader& r) {
   KvFormat f;
   f.dtype = r.get<uint8_t>("KV dtype");
   f.layout = r.get<uint8_t>("KV layout");
-  if (r.get<uint16_t>("reserved field") != 0) throw ProtocolError("KV format: reserved field is not 0");
+  f.quant = r.get<uint8_t>("KV quantization");
+  f.rotation = r.get<uint8_t>("KV rotation");
   f.partition = r.get<uint32_t>("KV partition");
+  if (f.quant > 2 || f.rotation > 1) throw ProtocolError("KV format: unknown quantization or rotation");
   f.num_layers = r.get<int32_t>("layer count");
   f.block_size = r.get<int32_t>("block size");
   f.num_kv_heads = r.get<int32_t>("KV head count");
@@ -110,7 +112,8 @@ KvFormat read_format(Reader& r) {
 void write_format(Writer& w, const KvFormat& f) {
   w.put(f.dtype);
   w.put(f.layout);
-  w.put(uint16_t(0));
+  w.put(f.quant);
+  w.put(f.rotation);
   w.put(f.partition);
   w.put(f.num_layers);
   w.put(f.block_size);
@@ -123,8 +126,11 @@ void write_format(Writer& w, const KvFormat& f) {
 }  // namespace
 
 std::string describe(const KvFormat& f) {
-  return fmt::format("dtype {} layout {} partition {} layers {} block size {} KV heads {} head dim {} page {} B model {:016x}",
-                     f.dtype, f.layout, f.partition, f.num_layers, f.block_size, f.num_kv_heads, f.head_dim,
+  static constexpr const char* kQuant[] = {"none", "fp8", "int2"};
+  return fmt::format("dtype {} layout {} quantization {} partition {} rotation {} layers {} block size {} KV heads {} "
+                     "head dim {} page {} B model {:016x}",
+                     f.dtype, f.layout, f.quant < 3 ? kQuant[f.quant] : "?", f.partition,
+                     f.rotation ? "hadamard" : "none", f.num_layers, f.block_size, f.num_kv_heads, f.head_dim,
                      f.page_bytes, f.model_fingerprint);
 }
 
@@ -138,7 +144,7 @@ FrameHeader parse_frame_header(std::span<const uint8_t> bytes) {
   const auto type = r.get<uint16_t>("frame type");
   const auto payload = r.get<uint64_t>("frame length");
   r.finish("frame header");
-  if (type < uint16_t(MessageType::kHello) || type > uint16_t(MessageType::kPrefillFailed))
+  if (type < uint16_t(MessageType::kHello) || type > uint16_t(MessageType::kKvNccl))
     throw ProtocolError(fmt::format("unknown message type {}", type));
   if (MessageType(type) == MessageType::kKv) {
     if (payload < kKvHeaderBytes) throw ProtocolError("KV frame shorter than its header");
@@ -259,6 +265,20 @@ PrefillFailed parse_prefill_failed(std::span<const uint8_t> payload) {
   return m;
 }
 
+NcclId parse_nccl_id(std::span<const uint8_t> payload) {
+  Reader r(payload);
+  NcclId m;
+  fixed(r, m.id, kNcclIdBytes, "NCCL unique id");
+  r.finish("NCCL id");
+  return m;
+}
+
+KvHeader parse_kv_nccl(std::span<const uint8_t> payload) {
+  if (payload.size() != kKvHeaderBytes)
+    throw ProtocolError(fmt::format("NCCL KV frame of {} bytes, not {}", payload.size(), kKvHeaderBytes));
+  return parse_kv_header(payload);
+}
+
 std::vector<uint8_t> encode(const Hello& m) {
   Writer w;
   w.bytes(m.nonce);
@@ -315,12 +335,13 @@ std::vector<uint8_t> encode(const Cancel& m) {
   return w.frame(MessageType::kCancel);
 }
 
-uint64_t kv_pages_bytes(const KvHeader& m, uint64_t page_bytes) {
-  return uint64_t(m.num_layers) * uint64_t(m.num_blocks) * 2 * page_bytes;
+uint64_t kv_pages_bytes(const KvHeader& m, uint64_t page_bytes, uint64_t tail_bytes) {
+  return uint64_t(m.num_layers) * (uint64_t(m.num_blocks) * 2 * page_bytes + tail_bytes);
 }
 
-std::vector<uint8_t> encode_kv_prefix(const KvHeader& m, uint64_t page_bytes) {
-  std::vector<uint8_t> out = encode_frame_header(MessageType::kKv, kKvHeaderBytes + kv_pages_bytes(m, page_bytes));
+std::vector<uint8_t> encode_kv_prefix(const KvHeader& m, uint64_t page_bytes, uint64_t tail_bytes) {
+  std::vector<uint8_t> out =
+      encode_frame_header(MessageType::kKv, kKvHeaderBytes + kv_pages_bytes(m, page_bytes, tail_bytes));
   Writer w;
   w.put(m.request_id);
   w.put(m.first_layer);
@@ -344,6 +365,21 @@ std::vector<uint8_t> encode(const PrefillFailed& m) {
   w.put(m.request_id);
   w.string(m.reason);
   return w.frame(MessageType::kPrefillFailed);
+}
+
+std::vector<uint8_t> encode(const NcclId& m) {
+  Writer w;
+  w.bytes(m.id);
+  return w.frame(MessageType::kNcclId);
+}
+
+std::vector<uint8_t> encode_kv_nccl(const KvHeader& m) {
+  Writer w;
+  w.put(m.request_id);
+  w.put(m.first_layer);
+  w.put(m.num_layers);
+  w.put(m.num_blocks);
+  return w.frame(MessageType::kKvNccl);
 }
 
 }  // namespace pagoda::disagg

@@ -20,7 +20,7 @@
 namespace pagoda::disagg {
 
 inline constexpr uint32_t kMagic = 0x564b4750;  // "PGKV" little-endian
-inline constexpr uint16_t kProtocolVersion = 1;
+inline constexpr uint16_t kProtocolVersion = 2;
 inline constexpr size_t kFrameHeaderBytes = 16;
 inline constexpr size_t kNonceBytes = 32;
 inline constexpr size_t kMacBytes = 32;  // HMAC-SHA256
@@ -45,6 +45,9 @@ enum class MessageType : uint16_t {
   kKv = 8,          // prefill -> decode: KvHeader then the request's pages
   kPrefillDone = 9,     // prefill -> decode: the first token; the KV frame came before it
   kPrefillFailed = 10,  // prefill -> decode: the request could not be prefilled, and why
+  // Between GPUs (NcclKvTransport, disagg/nccl/): the pair's NCCL communicator moves the pages.
+  kNcclId = 11,    // decode -> prefill, after Accept: the communicator's unique id
+  kKvNccl = 12,    // prefill -> decode: a KvHeader; those pages follow on the communicator
 };
 
 struct FrameHeader {
@@ -54,9 +57,11 @@ struct FrameHeader {
 
 // What both sides' KV pools must agree on for pages to be copied as they are.
 struct KvFormat {
-  uint8_t dtype = 0;        // pagoda::DType
+  uint8_t dtype = 0;        // pagoda::DType (of an int2 pool's unquantized tail: f16)
   uint8_t layout = 0;       // pagoda::KvLayout
-  uint32_t partition = 0;   // quantization partition size (0: not a quantized format)
+  uint8_t quant = 0;        // pagoda::KvQuant: none, fp8 or int2
+  uint8_t rotation = 0;     // 1: keys stored rotated by the randomized Hadamard transform
+  uint32_t partition = 0;   // int2's partition Π (0: not int2)
   int32_t num_layers = 0;
   int32_t block_size = 0;
   int32_t num_kv_heads = 0;
@@ -117,6 +122,10 @@ struct PrefillFailed {
 struct Cancel {
   uint64_t request_id = 0;
 };
+inline constexpr size_t kNcclIdBytes = 128;  // NCCL_UNIQUE_ID_BYTES
+struct NcclId {
+  std::vector<uint8_t> id;  // kNcclIdBytes
+};
 
 // Header: checks magic, version and the type, and bounds a control payload (a KV payload is
 // bounded by the receiver, which knows what it asked for).
@@ -135,6 +144,8 @@ Cancel parse_cancel(std::span<const uint8_t> payload);
 KvHeader parse_kv_header(std::span<const uint8_t> bytes);  // exactly kKvHeaderBytes
 PrefillDone parse_prefill_done(std::span<const uint8_t> payload);
 PrefillFailed parse_prefill_failed(std::span<const uint8_t> payload);
+NcclId parse_nccl_id(std::span<const uint8_t> payload);
+KvHeader parse_kv_nccl(std::span<const uint8_t> payload);  // a kKvNccl payload: one KvHeader
 
 std::vector<uint8_t> encode(const Hello& m);
 std::vector<uint8_t> encode(const Challenge& m);
@@ -143,12 +154,15 @@ std::vector<uint8_t> encode_accept(const KvFormat& m);
 std::vector<uint8_t> encode(const Refuse& m);
 std::vector<uint8_t> encode(const PrefillRequest& m);
 std::vector<uint8_t> encode(const Cancel& m);
-// The frame header and KvHeader of a KV frame whose pages (page_bytes each) follow.
-std::vector<uint8_t> encode_kv_prefix(const KvHeader& m, uint64_t page_bytes);
+// The frame header and KvHeader of a KV frame whose pages (kv_pages_bytes) follow.
+std::vector<uint8_t> encode_kv_prefix(const KvHeader& m, uint64_t page_bytes, uint64_t tail_bytes);
 std::vector<uint8_t> encode(const PrefillDone& m);
 std::vector<uint8_t> encode(const PrefillFailed& m);
+std::vector<uint8_t> encode(const NcclId& m);
+std::vector<uint8_t> encode_kv_nccl(const KvHeader& m);
 
-// Bytes of a KV frame's pages: K and V pages of num_blocks blocks in num_layers layers.
-uint64_t kv_pages_bytes(const KvHeader& m, uint64_t page_bytes);
+// Bytes of a KV frame's pages: in each of num_layers layers, the K and V pages of num_blocks
+// blocks, then tail_bytes of the last block's unquantized tail (int2; see Backend::kv_tail_bytes).
+uint64_t kv_pages_bytes(const KvHeader& m, uint64_t page_bytes, uint64_t tail_bytes);
 
 }  // namespace pagoda::disagg

@@ -426,10 +426,17 @@ std::vector<TokenEvent> Engine::step() {
     rows.push_back({.temperature = p.temperature < kGreedyBelowTemperature ? 0.f : p.temperature, .top_k = p.top_k,
                     .top_p = p.top_p, .min_p = p.min_p, .seed = *p.seed, .offset = uint64_t(seq.generated())});
   }
+  std::vector<KeptKvLayer> kept_now;
+  for (size_t i = 0; i < scheduled.size(); ++i)
+    if (chunks[i].want_logits && scheduled[i].seq->keep_kv && scheduled[i].beam < 0)
+      kept_now.push_back({scheduled[i].seq->id, chunks[i].block_ids});
+  std::function<void(int32_t)> after_layer_kv;
+  if (kept_kv_layer_hook_ && !kept_now.empty())
+    after_layer_kv = [&](int32_t layer) { kept_kv_layer_hook_(layer, kept_now); };
   std::span<const float> logits;
   std::vector<int32_t> sampled_tokens;
   try {
-    model_.run(chunks);
+    model_.run(chunks, after_layer_kv);
     if (any_on_backend) sampled_tokens = model_.sample(rows, tokenizer_.vocab_size());
     if (any_on_host) logits = model_.download_logits();
   } catch (...) {

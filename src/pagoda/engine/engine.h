@@ -24,6 +24,7 @@
 #pragma once
 
 #include <deque>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <span>
@@ -116,6 +117,15 @@ class Engine {
   // Null when the request kept nothing (unknown, or cancelled).
   const kv::BlockTable* kept_kv(RequestId id) const;
   void release_kept_kv(RequestId id);
+  // Called on the engine thread as a step's forward pass stores each layer's K/V, with the
+  // keep_kv requests whose prompts the step completes (their block tables then hold that layer's
+  // whole prompt), so that a prefill server sends each layer while the next ones compute.
+  struct KeptKvLayer {
+    RequestId id;
+    std::span<const int32_t> block_ids;
+  };
+  using KeptKvLayerHook = std::function<void(int32_t layer, std::span<const KeptKvLayer> requests)>;
+  void set_kept_kv_layer_hook(KeptKvLayerHook hook) { kept_kv_layer_hook_ = std::move(hook); }
 
  private:
   struct Sequence;
@@ -155,6 +165,7 @@ class Engine {
   std::deque<std::unique_ptr<Sequence>> remote_queued_;       // prefill_remotely, no KV yet
   std::vector<std::unique_ptr<Sequence>> remote_prefilling_;  // holding blocks, KV on its way
   std::unordered_map<RequestId, kv::BlockTable> kept_kv_;
+  KeptKvLayerHook kept_kv_layer_hook_;
   std::vector<TokenEvent> unreported_;  // made by a step whose forward pass threw
   std::vector<int32_t> model_stop_ids_;
   EngineStats stats_;

@@ -220,7 +220,7 @@ StepBatch Model::plan_step(std::span<const SequenceChunk> chunks) {
   return step;
 }
 
-void Model::forward_layers(const StepBatch& step) {
+void Model::forward_layers(const StepBatch& step, const std::function<void(int32_t layer)>& after_layer_kv) {
   const ModelConfig& c = local_;
   const int64_t rows = step.num_rows();
   const auto logit_rows = int64_t(step.logit_rows.size());
@@ -246,6 +246,7 @@ void Model::forward_layers(const StepBatch& step) {
     const LayerWeights& w = weights_.layers[size_t(l)];
     backend_.matmul(h, w.qkv, w.qkv_bias.data ? &w.qkv_bias : nullptr, qkv);
     backend_.rope_append_kv(l, step, qkv, q);
+    if (after_layer_kv) after_layer_kv(l);
     backend_.attention(l, step, q, attn_heads);
     backend_.matmul(attn, w.o, nullptr, proj);
     if (communicator_) communicator_->all_reduce_sum(proj);
@@ -274,7 +275,7 @@ void Model::forward_layers(const StepBatch& step) {
   communicator_->all_gather(shard_logits, logits);
 }
 
-void Model::run(std::span<const SequenceChunk> chunks) {
+void Model::run(std::span<const SequenceChunk> chunks, const std::function<void(int32_t layer)>& after_layer_kv) {
   if (kv_block_size_ == 0) fail(ErrorKind::kInternal, "forward before allocate_kv_cache");
   const auto planning_start = std::chrono::steady_clock::now();
   step_ = plan_step(chunks);
@@ -284,9 +285,11 @@ void Model::run(std::span<const SequenceChunk> chunks) {
   backend_.begin_step(step_);
   step_planning_seconds_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - planning_start).count();
   if (step_.graph_rows > 0) {
-    backend_.run_graph([this] { forward_layers(step_); });
+    backend_.run_graph([this] { forward_layers(step_, {}); });  // a capture would not call back on replay
+    if (after_layer_kv)
+      for (int32_t l = 0; l < config_.num_layers; ++l) after_layer_kv(l);
   } else {
-    forward_layers(step_);
+    forward_layers(step_, after_layer_kv);
   }
 }
 

@@ -7,6 +7,7 @@
 // token ids to the host, not a [batch, vocab] matrix.
 #pragma once
 
+#include <functional>
 #include <memory>
 #include <optional>
 #include <span>
@@ -30,6 +31,12 @@ class Model final : public StepModel {
   const ModelConfig& config() const { return config_; }
   Backend& backend() const { return backend_; }
   int32_t kv_block_size() const { return kv_block_size_; }
+  // How the KV cache stores K and V (LoadOptions): an unquantized cache's dtype (an int2 cache's
+  // tail: f16), its quantization, int2's partition, and whether keys are rotated.
+  DType kv_dtype() const { return kv_dtype_; }
+  KvQuant kv_quant() const { return kv_quant_; }
+  int32_t kv_partition() const { return kv_partition_; }
+  bool kv_hadamard() const { return kv_hadamard_; }
   // Bytes of weights in backend memory: what one decode step must read (the embedding table once,
   // as lm_head, when tied).
   size_t weight_bytes() const;
@@ -47,8 +54,11 @@ class Model final : public StepModel {
   void reserve(int64_t max_rows, int64_t max_logit_rows);
 
   // Runs one step. The logits of the chunks with want_logits, in chunk order, stay in backend
-  // memory until the next run.
-  void run(std::span<const SequenceChunk> chunks);
+  // memory until the next run. after_layer_kv, when set, is called with each layer's index as
+  // soon as the step's K/V of that layer are stored (a decode step replayed as a CUDA graph: for
+  // every layer after the graph), so that they can be read while the next layers compute.
+  void run(std::span<const SequenceChunk> chunks,
+           const std::function<void(int32_t layer)>& after_layer_kv = {}) override;
   // The last step's logits on the host: [chunks with want_logits, vocab] f32; valid until the
   // next run.
   std::span<const float> download_logits();
@@ -69,7 +79,7 @@ class Model final : public StepModel {
  private:
   StepBatch plan_step(std::span<const SequenceChunk> chunks);
   attention::AttentionShape attention_shape() const;
-  void forward_layers(const StepBatch& step);
+  void forward_layers(const StepBatch& step, const std::function<void(int32_t layer)>& after_layer_kv);
   // Columns of the gathered logits: the vocabulary, padded to a multiple of the ranks.
   int64_t logits_width() const {
     return communicator_ ? int64_t(local_.vocab_size) * communicator_->world_size() : config_.vocab_size;

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <span>
 #include <vector>
 
@@ -41,7 +42,9 @@ class StepModel {
 
   // One step (Model::run); the logits of the chunks with want_logits stay on the device until
   // download_logits() or sample() (full vocabulary rows, once, however the model is split).
-  virtual void run(std::span<const SequenceChunk> chunks) = 0;
+  // after_layer_kv, when set, is called with each layer's index once its K/V are stored.
+  virtual void run(std::span<const SequenceChunk> chunks,
+                   const std::function<void(int32_t layer)>& after_layer_kv = {}) = 0;
   virtual std::span<const float> download_logits() = 0;
   virtual std::vector<int32_t> sample(std::span<const SamplingRow> rows, int32_t valid_vocab) = 0;
   // run(chunks), then download_logits().

@@ -137,7 +137,11 @@ void TensorParallelModel::copy_kv_block(int32_t src, int32_t dst) {
   on_ranks([&](int rank) { ranks_[size_t(rank)].model->copy_kv_block(src, dst); }, world_size());
 }
 
-void TensorParallelModel::run(std::span<const SequenceChunk> chunks) {
+void TensorParallelModel::run(std::span<const SequenceChunk> chunks,
+                              const std::function<void(int32_t layer)>& after_layer_kv) {
+  // Each rank holds only its kv heads' pages: moving a request's KV between servers
+  // (disaggregation) would need every rank's, which serve refuses to combine with ranks.
+  if (after_layer_kv) fail(ErrorKind::kUnsupported, "a split model does not hand out its KV layer by layer");
   on_ranks([&](int rank) { ranks_[size_t(rank)].model->run(chunks); }, world_size());
 }
 

@@ -47,7 +47,8 @@ class TensorParallelModel final : public StepModel {
   int32_t graph_rows(int32_t rows) const override { return ranks_[0].model->graph_rows(rows); }
   bool can_sample() const override { return ranks_[0].model->can_sample(); }
   void copy_kv_block(int32_t src, int32_t dst) override;
-  void run(std::span<const SequenceChunk> chunks) override;
+  void run(std::span<const SequenceChunk> chunks,
+           const std::function<void(int32_t layer)>& after_layer_kv = {}) override;
   std::span<const float> download_logits() override;
   std::vector<int32_t> sample(std::span<const SamplingRow> rows, int32_t valid_vocab) override;
   int64_t prefix_steps() const override { return ranks_[0].model->prefix_steps(); }

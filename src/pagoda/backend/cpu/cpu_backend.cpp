@@ -99,6 +99,7 @@ void CpuBackend::copy_kv_block(int32_t src, int32_t dst) {
 }
 
 size_t CpuBackend::kv_page_bytes() const {
+  if (quantized_cache_) return quantized_cache_->page_bytes();
   if (!cache_) fail(ErrorKind::kInternal, "kv_page_bytes before allocate_kv_cache");
   const PagedKv pool = cache_->layer(0);
   return size_t(pool.page_stride) * dtype_size(pool.dtype);
@@ -116,6 +117,7 @@ size_t page_offset(const PagedKv& pool, int32_t id, size_t page_bytes) {
 }  // namespace
 
 void CpuBackend::read_kv_pages(int layer, std::span<const int32_t> blocks, std::byte* dst) {
+  if (quantized_cache_) return quantized_cache_->read_pages(layer, blocks, dst);
   const PagedKv pool = cache_->layer(layer);
   const size_t page = kv_page_bytes();
   for (const void* base : {pool.k, pool.v})
@@ -126,6 +128,7 @@ void CpuBackend::read_kv_pages(int layer, std::span<const int32_t> blocks, std::
 }
 
 void CpuBackend::write_kv_pages(int layer, std::span<const int32_t> blocks, const std::byte* src) {
+  if (quantized_cache_) return quantized_cache_->write_pages(layer, blocks, src);
   const PagedKv pool = cache_->layer(layer);
   const size_t page = kv_page_bytes();
   for (void* base : {pool.k, pool.v})
@@ -133,6 +136,18 @@ void CpuBackend::write_kv_pages(int layer, std::span<const int32_t> blocks, cons
       std::memcpy(static_cast<std::byte*>(base) + page_offset(pool, id, page), src, page);
       src += page;
     }
+}
+
+size_t CpuBackend::kv_tail_bytes(int32_t tokens) const {
+  return quantized_cache_ ? quantized_cache_->tail_bytes(tokens) : 0;
+}
+
+void CpuBackend::read_kv_tail(int layer, int32_t block, int32_t tokens, std::byte* dst) {
+  if (quantized_cache_) quantized_cache_->read_tail(layer, block, tokens, dst);
+}
+
+void CpuBackend::write_kv_tail(int layer, int32_t block, int32_t tokens, const std::byte* src) {
+  if (quantized_cache_) quantized_cache_->write_tail(layer, block, tokens, src);
 }
 
 void CpuBackend::rope_append_kv(int layer, const StepBatch& step, const Tensor& qkv, Tensor q) {

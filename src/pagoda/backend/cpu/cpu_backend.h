@@ -45,6 +45,9 @@ class CpuBackend final : public Backend {
   size_t kv_page_bytes() const override;
   void read_kv_pages(int layer, std::span<const int32_t> blocks, std::byte* dst) override;
   void write_kv_pages(int layer, std::span<const int32_t> blocks, const std::byte* src) override;
+  size_t kv_tail_bytes(int32_t tokens) const override;
+  void read_kv_tail(int layer, int32_t block, int32_t tokens, std::byte* dst) override;
+  void write_kv_tail(int layer, int32_t block, int32_t tokens, const std::byte* src) override;
   void rope_append_kv(int layer, const StepBatch& step, const Tensor& qkv, Tensor q) override;
   void attention(int layer, const StepBatch& step, const Tensor& q, Tensor out) override;
   attention::DeviceInfo device_info() const override;

@@ -276,4 +276,106 @@ void QuantizedKvCache::copy_block(int32_t src, int32_t dst) {
   }
 }
 
+std::vector<QuantizedKvCache::PageArray> QuantizedKvCache::page_arrays(const QuantizedPagedKv& kv, bool is_v) const {
+  auto array = [](void* base, int64_t block_elements, size_t element_bytes) {
+    return PageArray{static_cast<std::byte*>(base), size_t(block_elements) * element_bytes};
+  };
+  if (config_.quant == KvQuant::kFp8) {
+    return {is_v ? array(kv.v_codes, kv.v_codes_block(), 1) : array(kv.k_codes, kv.k_codes_block(), 1),
+            is_v ? array(kv.v_fp8_scale, kv.fp8_scale_block(), sizeof(float))
+                 : array(kv.k_fp8_scale, kv.fp8_scale_block(), sizeof(float))};
+  }
+  if (is_v)
+    return {array(kv.v_codes, kv.v_codes_block(), 1), array(kv.v_min, kv.v_meta_block(), 2),
+            array(kv.v_scale, kv.v_meta_block(), 2), array(kv.v_sums, kv.v_meta_block(), size_t(kv.sum_bytes()))};
+  return {array(kv.k_codes, kv.k_codes_block(), 1), array(kv.k_min, kv.k_meta_block(), 2),
+          array(kv.k_scale, kv.k_meta_block(), 2), array(kv.k_sums, kv.k_meta_block(), size_t(kv.sum_bytes()))};
+}
+
+size_t QuantizedKvCache::page_bytes() const {
+  size_t bytes = 0;
+  for (const PageArray& a : page_arrays(layers_.at(0).view, false)) bytes += a.block_bytes;
+  return bytes;
+}
+
+void QuantizedKvCache::check_block(int32_t layer, int32_t block, int32_t tokens) const {
+  if (layer < 0 || layer >= config_.num_layers)
+    fail(ErrorKind::kInvalidArgument, "layer {} outside [0, {})", layer, config_.num_layers);
+  if (block < 0 || block >= config_.num_blocks)
+    fail(ErrorKind::kInvalidArgument, "KV page of block {} outside the pool's {} blocks", block, config_.num_blocks);
+  if (tokens < 1 || tokens > config_.block_size)
+    fail(ErrorKind::kInvalidArgument, "a block of {} tokens holds {}", config_.block_size, tokens);
+}
+
+void QuantizedKvCache::read_pages(int32_t layer, std::span<const int32_t> blocks, std::byte* dst) const {
+  for (int32_t id : blocks) check_block(layer, id, config_.block_size);
+  for (bool is_v : {false, true}) {
+    const std::vector<PageArray> arrays = page_arrays(layers_[size_t(layer)].view, is_v);
+    for (int32_t id : blocks)
+      for (const PageArray& a : arrays) {
+        std::memcpy(dst, a.base + a.block_bytes * size_t(id), a.block_bytes);
+        dst += a.block_bytes;
+      }
+  }
+}
+
+void QuantizedKvCache::write_pages(int32_t layer_index, std::span<const int32_t> blocks, const std::byte* src) {
+  for (int32_t id : blocks) check_block(layer_index, id, config_.block_size);
+  Layer& layer = layers_[size_t(layer_index)];
+  for (bool is_v : {false, true}) {
+    const std::vector<PageArray> arrays = page_arrays(layer.view, is_v);
+    for (int32_t id : blocks)
+      for (const PageArray& a : arrays) {
+        std::memcpy(a.base + a.block_bytes * size_t(id), src, a.block_bytes);
+        src += a.block_bytes;
+      }
+  }
+  if (config_.quant != KvQuant::kInt2) return;
+  for (int32_t id : blocks) {
+    layer.sealed[size_t(id)] = layer.view.v_parts();
+    release_tail_slot(layer, id);
+  }
+}
+
+size_t QuantizedKvCache::tail_bytes(int32_t tokens) const {
+  if (config_.quant != KvQuant::kInt2) return 0;
+  return size_t(config_.num_kv_heads) * size_t(tokens % config_.partition) * size_t(config_.head_dim) * sizeof(f16);
+}
+
+void QuantizedKvCache::read_tail(int32_t layer_index, int32_t block, int32_t tokens, std::byte* dst) const {
+  check_block(layer_index, block, tokens);
+  const int32_t rows = config_.quant == KvQuant::kInt2 ? tokens % config_.partition : 0;
+  if (rows == 0) return;
+  const Layer& layer = layers_[size_t(layer_index)];
+  const int32_t slot = layer.tail_slot[size_t(block)];
+  if (slot < 0 || layer.sealed[size_t(block)] != tokens / config_.partition)
+    fail(ErrorKind::kInternal, "int2 KV: block {} does not hold {} tokens ({} V partitions sealed, tail slot {})", block,
+         tokens, layer.sealed[size_t(block)], slot);
+  const QuantizedPagedKv& kv = layer.view;
+  const size_t row_bytes = size_t(rows) * size_t(kv.head_dim) * sizeof(f16);
+  for (int32_t h = 0; h < kv.num_kv_heads; ++h) {
+    std::memcpy(dst, layer.tail.data() + slot * kv.tail_slot_stride() + h * kv.tail_head(), row_bytes);
+    dst += row_bytes;
+  }
+}
+
+void QuantizedKvCache::write_tail(int32_t layer_index, int32_t block, int32_t tokens, const std::byte* src) {
+  check_block(layer_index, block, tokens);
+  if (config_.quant != KvQuant::kInt2) return;
+  Layer& layer = layers_[size_t(layer_index)];
+  const int32_t rows = tokens % config_.partition;
+  layer.sealed[size_t(block)] = tokens / config_.partition;
+  if (rows == 0) {
+    release_tail_slot(layer, block);
+    return;
+  }
+  const int32_t slot = acquire_tail_slot(layer, block);
+  const QuantizedPagedKv& kv = layer.view;
+  const size_t row_bytes = size_t(rows) * size_t(kv.head_dim) * sizeof(f16);
+  for (int32_t h = 0; h < kv.num_kv_heads; ++h) {
+    std::memcpy(layer.tail.data() + slot * kv.tail_slot_stride() + h * kv.tail_head(), src, row_bytes);
+    src += row_bytes;
+  }
+}
+
 }  // namespace pagoda::cpu

@@ -43,6 +43,20 @@ class QuantizedKvCache {
   // Copies block src into dst in every layer: codes, metadata and the tail (copy on write).
   void copy_block(int32_t src, int32_t dst);
 
+  // A block's K or V page in one layer: its codes and metadata as stored, the same bytes for K
+  // and V (what moves between servers, Backend::read_kv_pages).
+  size_t page_bytes() const;
+  // The K pages of `blocks` in order, then their V pages, page_bytes() each. write_pages marks
+  // every V partition of the blocks sealed (int2): write_tail then sets the last block's.
+  void read_pages(int32_t layer, std::span<const int32_t> blocks, std::byte* dst) const;
+  void write_pages(int32_t layer, std::span<const int32_t> blocks, const std::byte* src);
+  // int2: the f16 rows of the V partition a block of `tokens` tokens is still filling
+  // ([kv head][tokens % Π][head_dim]); 0 bytes for fp8 or a whole number of partitions.
+  size_t tail_bytes(int32_t tokens) const;
+  void read_tail(int32_t layer, int32_t block, int32_t tokens, std::byte* dst) const;
+  // Makes block hold `tokens` tokens' V partitions: tokens / Π sealed, the rest from src.
+  void write_tail(int32_t layer, int32_t block, int32_t tokens, const std::byte* src);
+
  private:
   struct Layer {
     std::unique_ptr<std::byte[]> arena;
@@ -55,6 +69,13 @@ class QuantizedKvCache {
   void write_int2_token(int32_t layer_index, Layer& layer, int32_t block, int32_t slot, int32_t pos,
                         const float* k, const float* v);
   void write_fp8_token(Layer& layer, int32_t block, int32_t slot, const float* k, const float* v);
+  // The arrays of one block's K page (is_v false) or V page: base pointer and bytes per block.
+  struct PageArray {
+    std::byte* base;
+    size_t block_bytes;
+  };
+  std::vector<PageArray> page_arrays(const QuantizedPagedKv& kv, bool is_v) const;
+  void check_block(int32_t layer, int32_t block, int32_t tokens) const;
 
   kv::KvCacheConfig config_;
   size_t nbytes_ = 0;

@@ -94,6 +94,8 @@ class CudaBackend final : public Backend {
   // the CPU's byte for byte.
   const cuda::QuantizedKvCache* quantized_kv_cache() const { return quantized_kv_.get(); }
   int gpu() const { return gpu_; }  // the device stream() and every buffer are on
+  // Layer `layer`'s K and V pools in device memory (for the NCCL KV transport, disagg/nccl/).
+  const PagedKv& kv_layer(int layer) const { return kv_layers_.at(size_t(layer)); }
   // Switches graph capture and replay on or off (tests compare the two on one backend, whose
   // GEMM algorithm choices then stay the same).
   void enable_graphs(bool on) { options_.graphs = on; }
