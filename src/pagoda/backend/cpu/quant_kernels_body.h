@@ -184,32 +184,15 @@ inline void tile(const uint8_t* w, size_t w_row_bytes, int64_t j0, const Q8Rows&
       __m256i q[C], magnitude[C];
       for (int c = 0; c < C; ++c) {
         q[c] = F::quants(rows[c] + bi * F::kBytes, g);
-#ifdef PAGODA_QUANT_VNNI
-        if constexpr (F::kSigned) q[c] = _mm256_xor_si256(q[c], _mm256_set1_epi8(char(0x80)));
-#else
         if constexpr (F::kSigned) magnitude[c] = _mm256_abs_epi8(q[c]);
-#endif
       }
       for (int r = 0; r < R; ++r) {
         const int64_t xg = (r0 + r) * groups_per_row + group;
         const __m256i xq = load32(reinterpret_cast<const uint8_t*>(x.q) + xg * 32);
         const float xd = x.d[xg];
-#ifdef PAGODA_QUANT_VNNI
-        // Signed quants made unsigned: (q + 128) . xq = q . xq + 128 sum(xq), so each lane's
-        // 128 * (its four xq) is subtracted by starting vpdpbusd's accumulator at minus it. The
-        // integer dot product is exact either way, so the result's bits are the sign trick's.
-        __m256i offset;
-        if constexpr (F::kSigned)
-          offset = _mm256_sub_epi32(_mm256_setzero_si256(),
-                                    _mm256_dpbusd_epi32(_mm256_setzero_si256(), _mm256_set1_epi8(char(0x80)), xq));
-#endif
         for (int c = 0; c < C; ++c) {
           __m256i dot;
-#ifdef PAGODA_QUANT_VNNI
-          if constexpr (F::kSigned) dot = _mm256_dpbusd_epi32(offset, q[c], xq);
-#else
           if constexpr (F::kSigned) dot = dot_u8s8(magnitude[c], _mm256_sign_epi8(xq, q[c]));
-#endif
           else dot = dot_u8s8(q[c], xq);
           __m256 scale;
           if constexpr (F::kLaneScales)
