@@ -4,7 +4,6 @@
 #include <vector>
 
 #include "pagoda/backend/cpu/group_attention.h"
-#include "pagoda/backend/cpu/thread_pool.h"
 #include "pagoda/attention/merge.h"
 
 namespace pagoda::cpu {
@@ -17,23 +16,24 @@ void run_items(const attention::DecodePlan& plan, const attention::DecodeBatch& 
   const int32_t group = shape.group_size();
   const int64_t head_dim = shape.head_dim;
   const int64_t num_items = int64_t(plan.items.size());
-  // On the backend's pool rather than OpenMP, so a decode step uses one threading runtime and
-  // no OpenMP barrier. A task's scratch is its own: the pool gives tasks no thread index, and
-  // the few small vectors cost little beside an item's pass over its KV blocks.
-  ThreadPool::shared().parallel_for(num_items, [&](int64_t i) {
+#pragma omp parallel
+  {
     GroupScratch scratch(group, shape.head_dim, shape.block_size);
-    std::vector<float> row_lse;  // lse of an item whose caller passed none
-    const attention::WorkItem& item = plan.items[size_t(i)];
-    // Output rows: the group's q heads of the sequence, or the item's partial slot.
-    const int64_t first_row = int64_t(item.seq) * shape.num_q_heads + int64_t(item.kv_head) * group;
-    float* o = item.partial < 0 ? out + first_row * head_dim : partial_o + int64_t(item.partial) * group * head_dim;
-    float* l = nullptr;
-    if (item.partial >= 0) l = partial_lse + int64_t(item.partial) * group;
-    else if (lse) l = lse + first_row;
-    else row_lse.resize(size_t(group)), l = row_lse.data();
-    attend_group<T>(kv, item.kv_head, batch.blocks_of(item.seq), item.token_begin, item.token_end,
-                    q + first_row * head_dim, group, shape.softmax_scale, o, l, scratch);
-  });
+    std::vector<float> row_lse(static_cast<size_t>(group));  // lse of an item whose caller passed none
+#pragma omp for schedule(dynamic)
+    for (int64_t i = 0; i < num_items; ++i) {
+      const attention::WorkItem& item = plan.items[size_t(i)];
+      // Output rows: the group's q heads of the sequence, or the item's partial slot.
+      const int64_t first_row = int64_t(item.seq) * shape.num_q_heads + int64_t(item.kv_head) * group;
+      float* o = item.partial < 0 ? out + first_row * head_dim
+                                  : partial_o + int64_t(item.partial) * group * head_dim;
+      float* l = item.partial >= 0 ? partial_lse + int64_t(item.partial) * group
+                 : lse             ? lse + first_row
+                                   : row_lse.data();
+      attend_group<T>(kv, item.kv_head, batch.blocks_of(item.seq), item.token_begin, item.token_end,
+                      q + first_row * head_dim, group, shape.softmax_scale, o, l, scratch);
+    }
+  }
 }
 
 // Each task stands for heads_per_task tasks: kv heads kv_head + h, slots shifted by
@@ -44,7 +44,8 @@ void run_merges(const std::vector<attention::MergeTask>& merges, int32_t heads_p
   const int32_t group = shape.group_size();
   const int64_t head_dim = shape.head_dim;
   const int64_t num_tasks = int64_t(merges.size()) * heads_per_task;
-  ThreadPool::shared().parallel_for(num_tasks, [&](int64_t task) {
+#pragma omp parallel for schedule(static)
+  for (int64_t task = 0; task < num_tasks; ++task) {
     const attention::MergeTask& merge = merges[size_t(task / heads_per_task)];
     const int32_t h = int32_t(task % heads_per_task);
     const int64_t first_slot = merge.partial_begin + h * head_slot_stride;
@@ -60,7 +61,7 @@ void run_merges(const std::vector<attention::MergeTask>& merges, int32_t heads_p
       }
       if (lse) lse[row] = row_lse;
     }
-  });
+  }
 }
 
 }  // namespace
