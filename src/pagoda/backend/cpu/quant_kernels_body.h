@@ -182,24 +182,25 @@ inline void tile(const uint8_t* w, size_t w_row_bytes, int64_t j0, const Q8Rows&
     for (int g = 0; g < F::kGroups; ++g) {
       const int64_t group = bi * F::kGroups + g;
       __m256i q[C], magnitude[C];
+      // The weight scales broadcast once per group and the activation scale once per row, so
+      // that d_w * d_x is one vector multiply per (row, column) rather than a scalar multiply
+      // and a broadcast (a shuffle-port op); the product's bits are the same.
+      __m256 dw[C];
       for (int c = 0; c < C; ++c) {
         q[c] = F::quants(rows[c] + bi * F::kBytes, g);
         if constexpr (F::kSigned) magnitude[c] = _mm256_abs_epi8(q[c]);
+        if constexpr (F::kLaneScales) dw[c] = _mm256_set_m128(_mm_set1_ps(d[c][2 * g + 1]), _mm_set1_ps(d[c][2 * g]));
+        else dw[c] = _mm256_set1_ps(d[c][g]);
       }
       for (int r = 0; r < R; ++r) {
         const int64_t xg = (r0 + r) * groups_per_row + group;
         const __m256i xq = load32(reinterpret_cast<const uint8_t*>(x.q) + xg * 32);
-        const float xd = x.d[xg];
+        const __m256 xd = _mm256_broadcast_ss(x.d + xg);
         for (int c = 0; c < C; ++c) {
           __m256i dot;
           if constexpr (F::kSigned) dot = dot_u8s8(magnitude[c], _mm256_sign_epi8(xq, q[c]));
           else dot = dot_u8s8(q[c], xq);
-          __m256 scale;
-          if constexpr (F::kLaneScales)
-            scale = _mm256_set_m128(_mm_set1_ps(d[c][2 * g + 1] * xd), _mm_set1_ps(d[c][2 * g] * xd));
-          else
-            scale = _mm256_set1_ps(d[c][g] * xd);
-          acc[r][c] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), scale, acc[r][c]);
+          acc[r][c] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), _mm256_mul_ps(dw[c], xd), acc[r][c]);
           // An explicit fma: left to the compiler, the product is fused in some tile shapes and
           // not in others, and a row's result would depend on how many rows share its tile.
           if constexpr (!F::kSigned) constant[r][c] = std::fma(m[c][g], x.s[xg], constant[r][c]);
