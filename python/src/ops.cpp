@@ -330,6 +330,8 @@ class QuantizedKvPool {
   //         v_codes [sealed, heads, dim] of the sealed V partitions' tokens (sealed = length
   //         rounded down to Π); v_min, v_scale [sealed / Π, heads, dim]; v_tail [length - sealed,
   //         heads, dim], the open partition's rows as stored (f16)
+  // Tokens never written are refused where the pools can tell (an unsealed V partition, a block
+  // without an open one); within the open partition they cannot, and read back what is there.
   nb::dict read(const std::vector<int32_t>& block_table, int32_t length) const {
     const QuantizedPagedKv kv = cache_.layer(0);
     const size_t heads = size_t(kv.num_kv_heads), dim = size_t(kv.head_dim), len = size_t(std::max(length, 0));
@@ -381,7 +383,7 @@ class QuantizedKvPool {
     for (size_t t = 0; t < len; ++t) {
       const int64_t block = block_of(t), slot = slot_of(t), partition_index = slot / int64_t(part);
       if (t < sealed && kv.sealed[block] <= partition_index)
-        fail(ErrorKind::kInternal, "int2 KV: the V partition of token {} was never sealed", t);
+        fail(ErrorKind::kInvalidArgument, "int2 KV: token {} was never written (its V partition is not sealed)", t);
       if (t >= sealed && (kv.tail_slot[block] < 0 || kv.sealed[block] != partition_index))
         fail(ErrorKind::kInvalidArgument, "int2 KV: token {} was never written", t);
       for (size_t h = 0; h < heads; ++h)
