@@ -7,6 +7,7 @@ import math
 import numpy as np
 import pytest
 
+import pagoda
 from pagoda import ops
 
 try:
@@ -232,3 +233,12 @@ def test_bad_input_is_refused():
         attn.run(q, plain)
     with pytest.raises(Exception, match="int2 and fp8 caches take DecodeAttention"):
         ops.PrefixAttention("cpu").plan([table], [8], 4, 2, 64, 64, kv_dtype="int2")
+
+
+@pytest.mark.skipif(not (pagoda.cuda_built and torch is not None and torch.cuda.is_available()),
+                    reason="no CUDA device (or pagoda built without CUDA, or no torch)")
+def test_cuda_refuses_quantized_plans_clearly():
+    # The CUDA backend quantizes inside its fused RoPE-and-append kernel; pagoda.ops has no CUDA
+    # int2/fp8 pool, and says so rather than running the f16 kernel on codes.
+    with pytest.raises(Exception, match="int2 and fp8 KV pools are on the CPU only"):
+        ops.DecodeAttention("cuda").plan([[0]], [1], 4, 2, 64, 64, kv_dtype="int2")
