@@ -149,9 +149,11 @@ class PagedKVCache:
 
 
 class QuantizedPagedKVCache:
-    """One layer's paged K and V stored as int2 or fp8 (docs/kv-quantization.md), on the CPU, with
-    a block allocator. append() quantizes f32 rows with the engine's own quantizer: the codes are
-    those `pagoda --kv-cache-dtype int2|fp8 --kv-partition P` stores for layer 0 and this seed.
+    """One layer's paged K and V stored as int2 or fp8 (docs/kv-quantization.md), with a block
+    allocator. append() quantizes rows with the engine's own quantizer: the codes are those
+    `pagoda --kv-cache-dtype int2|fp8 --kv-partition P` stores for layer 0 and this seed. Rows (and
+    DecodeAttention's q and out) are f32 on the CPU, f16 or bf16 (dtype) on CUDA, where the CUDA
+    backend's kernels quantize and attend (head_dim 64 or 128; int2 with partition and block_size 64).
 
     int2: asymmetric 2-bit codes per partition of `partition` elements (K along head_dim, V along
     the sequence; a V partition is quantized when its last token arrives, its tokens kept in f16
@@ -160,9 +162,12 @@ class QuantizedPagedKVCache:
     """
 
     def __init__(self, num_blocks: int, block_size: int, num_kv_heads: int, head_dim: int,
-                 kv_cache_dtype: str = "int2", device="cpu", *, partition: int = 64, seed: int = 0) -> None:
+                 kv_cache_dtype: str = "int2", device="cpu", *, partition: int = 64, seed: int = 0,
+                 dtype=None) -> None:
+        device = _device_name(device)
+        dtype = _dtype_name(dtype) if dtype is not None else ("f32" if device == "cpu" else "f16")
         self._pool = _ops.QuantizedKvPool(num_blocks, block_size, num_kv_heads, head_dim, kv_cache_dtype, partition,
-                                          seed, _device_name(device))
+                                          seed, device, dtype)
 
     num_blocks = property(lambda self: self._pool.num_blocks)
     block_size = property(lambda self: self._pool.block_size)
@@ -171,7 +176,8 @@ class QuantizedPagedKVCache:
     kv_cache_dtype = property(lambda self: self._pool.kv_cache_dtype)
     partition = property(lambda self: self._pool.partition)
     seed = property(lambda self: self._pool.seed)
-    device = property(lambda self: "cpu")
+    device = property(lambda self: self._pool.device)
+    dtype = property(lambda self: self._pool.dtype)
     num_free_blocks = property(lambda self: self._pool.num_free_blocks)
 
     def allocate(self, num_tokens: int) -> list:
@@ -180,10 +186,11 @@ class QuantizedPagedKVCache:
     def free(self, block_ids: Sequence[int]) -> None:
         self._pool.free(_table(block_ids))
 
-    def append(self, k, v, block_table: Sequence[int], start: int = 0) -> None:
-        """Quantizes k and v ([n, num_kv_heads, head_dim] f32 on the CPU) into tokens [start, start + n)
-        of the sequence whose blocks are block_table. int2 appends go in order within a V partition."""
-        self._pool.append(k, v, _table(block_table), start)
+    def append(self, k, v, block_table: Sequence[int], start: int = 0, stream: Optional[int] = None) -> None:
+        """Quantizes k and v ([n, num_kv_heads, head_dim] of the pool's dtype and device) into tokens
+        [start, start + n) of the sequence whose blocks are block_table. int2 appends go in order
+        within a V partition."""
+        self._pool.append(k, v, _table(block_table), start, _stream(stream))
 
     def read(self, block_table: Sequence[int], length: int) -> dict:
         """The stored codes and metadata of tokens [0, length), as numpy arrays (codes one a byte):
@@ -194,9 +201,19 @@ class QuantizedPagedKVCache:
         return self._pool.read(_table(block_table), length)
 
     def dequantize(self, block_table: Sequence[int], length: int):
-        """(k, v) [length, num_kv_heads, head_dim] float64: the values attention reads."""
+        """(k, v) [length, num_kv_heads, head_dim]: the values attention reads, float64 numpy on
+        the CPU; on CUDA torch tensors of the pool's dtype, widened by the backend's kernel."""
         import numpy as np
 
+        if self.device != "cpu":
+            import torch
+
+            table = _table(block_table)
+            dtype = {"f16": torch.float16, "bf16": torch.bfloat16}[self.dtype]
+            shape = (len(table), self.num_kv_heads, self.block_size, self.head_dim)
+            k, v = (torch.empty(shape, dtype=dtype, device=self.device) for _ in range(2))
+            self._pool.widen(table, length, k, v, -1)
+            return tuple(x.transpose(1, 2).reshape(-1, self.num_kv_heads, self.head_dim)[:length] for x in (k, v))
         r = self.read(block_table, length)
         if self.kv_cache_dtype == "fp8":
             return (e4m3_to_float(r["k_codes"]) * r["k_scale"][..., None],
@@ -236,17 +253,18 @@ class _Attention:
     def run(self, q, kv_cache, out=None, lse=None, stream: Optional[int] = None) -> Tuple[object, object]:
         """Attention of q ([num_seqs, num_q_heads, head_dim], one token per sequence) over the planned
         KV (a PagedKVCache, or for DecodeAttention a QuantizedPagedKVCache planned with kv_dtype
-        "int2" or "fp8": f32 q and out on the CPU): returns (out, lse), allocating them in q's
+        "int2" or "fp8", q and out of its dtype): returns (out, lse), allocating them in q's
         framework when not given."""
         if out is None:
-            out = _empty(q, self._op.out_shape, self._op.out_dtype)
+            quantized = isinstance(kv_cache, QuantizedPagedKVCache)
+            out = _empty(q, self._op.out_shape, kv_cache.dtype if quantized else self._op.out_dtype)
         if lse is None:
             lse = _empty(q, self._op.out_shape[:2], "f32")
         if isinstance(kv_cache, QuantizedPagedKVCache):
             if not hasattr(self._op, "run_quantized"):
                 raise ValueError(f"{type(self).__name__} runs on f32/f16/bf16 KV; int2 and fp8 caches take "
                                  "DecodeAttention")
-            self._op.run_quantized(q, kv_cache._pool, out, lse)
+            self._op.run_quantized(q, kv_cache._pool, out, lse, _stream(stream))
         else:
             self._op.run(q, kv_cache._pool, out, lse, _stream(stream))
         return out, lse

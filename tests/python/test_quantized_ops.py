@@ -201,8 +201,11 @@ def test_bad_input_is_refused():
         ops.QuantizedPagedKVCache(4, 64, 2, 64, "int2", partition=16)
     with pytest.raises(ValueError, match="kv_cache_dtype must be int2 or fp8"):
         ops.QuantizedPagedKVCache(4, 64, 2, 64, "int4")
-    with pytest.raises(Exception, match="on the CPU only"):
-        ops.QuantizedPagedKVCache(4, 64, 2, 64, "fp8", device="cuda")
+    if not pagoda.cuda_built:
+        with pytest.raises(Exception, match="built without CUDA"):
+            ops.QuantizedPagedKVCache(4, 64, 2, 64, "fp8", device="cuda")
+    with pytest.raises(ValueError, match="int2/fp8 pools on the CPU take f32 rows"):
+        ops.QuantizedPagedKVCache(4, 64, 2, 64, "fp8", dtype="f16")
     cache = ops.QuantizedPagedKVCache(4, 64, 2, 64, "int2", partition=32)
     table = cache.allocate(40)
     rows = np.zeros((8, 2, 64), dtype=np.float32)
@@ -235,10 +238,49 @@ def test_bad_input_is_refused():
         ops.PrefixAttention("cpu").plan([table], [8], 4, 2, 64, 64, kv_dtype="int2")
 
 
-@pytest.mark.skipif(not (pagoda.cuda_built and torch is not None and torch.cuda.is_available()),
-                    reason="no CUDA device (or pagoda built without CUDA, or no torch)")
-def test_cuda_refuses_quantized_plans_clearly():
-    # The CUDA backend quantizes inside its fused RoPE-and-append kernel; pagoda.ops has no CUDA
-    # int2/fp8 pool, and says so rather than running the f16 kernel on codes.
-    with pytest.raises(Exception, match="int2 and fp8 KV pools are on the CPU only"):
-        ops.DecodeAttention("cuda").plan([[0]], [1], 4, 2, 64, 64, kv_dtype="int2")
+
+needs_cuda = pytest.mark.skipif(not (pagoda.cuda_built and torch is not None and torch.cuda.is_available()),
+                                reason="no CUDA device (or pagoda built without CUDA, or no torch)")
+
+
+@needs_cuda
+@pytest.mark.parametrize("quant", ["fp8", "int2"])
+def test_cuda_pool_and_decode_equal_the_cpu(quant):
+    # f16 rows, so that the CPU pool (f32 rows of the same values) must store the same codes: the
+    # GPU's widened cache then equals the CPU's dequantized one up to f16 rounding, where a single
+    # different code would be off by a whole quantization step.
+    rng = np.random.default_rng(6)
+    heads, group, dim, block = 2, 4, 64, 64
+    lengths = [2 * block + 9, 40]
+    cpu = ops.QuantizedPagedKVCache(16, block, heads, dim, quant, partition=64, seed=5)
+    gpu = ops.QuantizedPagedKVCache(16, block, heads, dim, quant, "cuda", partition=64, seed=5, dtype="f16")
+    tables = []
+    for n in lengths:
+        table = cpu.allocate(n)
+        assert gpu.allocate(n) == table
+        tables.append(table)
+        k = rng.standard_normal((n, heads, dim)).astype(np.float16)
+        v = rng.standard_normal((n, heads, dim)).astype(np.float16)
+        cut = 70  # the second append starts inside a V partition
+        for a, b in ((0, min(cut, n)), (min(cut, n), n)):
+            if b > a:
+                cpu.append(k[a:b].astype(np.float32), v[a:b].astype(np.float32), table, start=a)
+                gpu.append(torch.from_numpy(k[a:b]).cuda(), torch.from_numpy(v[a:b]).cuda(), table, start=a)
+    for table, n in zip(tables, lengths):
+        for want, got in zip(cpu.dequantize(table, n), gpu.dequantize(table, n)):
+            got = got.float().cpu().numpy().astype(np.float64)
+            assert np.abs(got - want).max() <= np.abs(want).max() * 2.0**-10 + 1e-6
+    attn_cpu, attn_gpu = ops.DecodeAttention("cpu"), ops.DecodeAttention("cuda")
+    for attn in (attn_cpu, attn_gpu):
+        attn.plan(tables, lengths, heads * group, heads, dim, block, softmax_scale=1 / 8, kv_dtype=quant)
+    q = (rng.standard_normal((len(lengths), heads * group, dim)) * 1.5).astype(np.float16)
+    out, lse = attn_gpu.run(torch.from_numpy(q).cuda(), gpu)
+    out, lse = out.float().cpu().numpy(), lse.cpu().numpy()
+    for s, (table, n) in enumerate(zip(tables, lengths)):
+        k_hat, v_hat = cpu.dequantize(table, n)
+        for h in range(heads * group):
+            ref, ref_lse, bound, lse_bound = reference(k_hat[:, h // group], v_hat[:, h // group],
+                                                       q[s, h].astype(np.float32), 1 / 8, quant, 64)
+            # The output is rounded to f16 once more.
+            assert (np.abs(out[s, h] - ref) <= bound + np.abs(ref) * 2.0**-10 + 1e-3).all(), (s, h)
+            assert abs(lse[s, h] - ref_lse) <= lse_bound + 1e-3, (s, h, lse[s, h], ref_lse)
