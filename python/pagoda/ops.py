@@ -15,7 +15,7 @@ sees it; a mismatch raises ValueError naming the tensor.
 
     qcache = ops.QuantizedPagedKVCache(num_blocks, block_size, num_kv_heads, head_dim, "int2")  # or "fp8"
     qcache.append(k, v, table)                       # quantized as the engine quantizes it
-    attn.plan(..., kv_dtype="int2"); o, lse = attn.run(q, qcache)   # DecodeAttention, CPU, f32 q
+    attn.plan(..., kv_dtype="int2"); o, lse = attn.run(q, qcache)   # DecodeAttention; q of qcache.dtype
     k_hat, v_hat = qcache.dequantize(table, length)  # what attention reads
 """
 from __future__ import annotations
