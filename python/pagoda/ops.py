@@ -12,6 +12,11 @@ launches on `stream` (default: torch's current stream for torch tensors, else th
 stream), so a CUDA graph can capture it; plan() uploads the plan on that stream and must happen
 outside the capture. Every tensor is checked (shape, dtype, device, contiguity) before a kernel
 sees it; a mismatch raises ValueError naming the tensor.
+
+    qcache = ops.QuantizedPagedKVCache(num_blocks, block_size, num_kv_heads, head_dim, "int2")  # or "fp8"
+    qcache.append(k, v, table)                       # quantized as the engine quantizes it
+    attn.plan(..., kv_dtype="int2"); o, lse = attn.run(q, qcache)   # DecodeAttention; q of qcache.dtype
+    k_hat, v_hat = qcache.dequantize(table, length)  # what attention reads
 """
 from __future__ import annotations
 
@@ -143,6 +148,94 @@ class PagedKVCache:
         self._pool.append(k, v, _table(block_table), start, _stream(stream))
 
 
+class QuantizedPagedKVCache:
+    """One layer's paged K and V stored as int2 or fp8 (docs/kv-quantization.md), with a block
+    allocator. append() quantizes rows with the engine's own quantizer: the codes are those
+    `pagoda --kv-cache-dtype int2|fp8 --kv-partition P` stores for layer 0 and this seed. Rows (and
+    DecodeAttention's q and out) are f32 on the CPU, f16 or bf16 (dtype) on CUDA, where the CUDA
+    backend's kernels quantize and attend (head_dim 64 or 128; int2 with partition and block_size 64).
+
+    int2: asymmetric 2-bit codes per partition of `partition` elements (K along head_dim, V along
+    the sequence; a V partition is quantized when its last token arrives, its tokens kept in f16
+    until then), stochastic rounding keyed by position; head_dim and block_size must be multiples
+    of partition (32, 64 or 128). fp8: e4m3 with one f32 scale per token and kv head.
+    """
+
+    def __init__(self, num_blocks: int, block_size: int, num_kv_heads: int, head_dim: int,
+                 kv_cache_dtype: str = "int2", device="cpu", *, partition: int = 64, seed: int = 0,
+                 dtype=None) -> None:
+        device = _device_name(device)
+        dtype = _dtype_name(dtype) if dtype is not None else ("f32" if device == "cpu" else "f16")
+        self._pool = _ops.QuantizedKvPool(num_blocks, block_size, num_kv_heads, head_dim, kv_cache_dtype, partition,
+                                          seed, device, dtype)
+
+    num_blocks = property(lambda self: self._pool.num_blocks)
+    block_size = property(lambda self: self._pool.block_size)
+    num_kv_heads = property(lambda self: self._pool.num_kv_heads)
+    head_dim = property(lambda self: self._pool.head_dim)
+    kv_cache_dtype = property(lambda self: self._pool.kv_cache_dtype)
+    partition = property(lambda self: self._pool.partition)
+    seed = property(lambda self: self._pool.seed)
+    device = property(lambda self: self._pool.device)
+    dtype = property(lambda self: self._pool.dtype)
+    num_free_blocks = property(lambda self: self._pool.num_free_blocks)
+
+    def allocate(self, num_tokens: int) -> list:
+        return self._pool.allocate(num_tokens)
+
+    def free(self, block_ids: Sequence[int]) -> None:
+        self._pool.free(_table(block_ids))
+
+    def append(self, k, v, block_table: Sequence[int], start: int = 0, stream: Optional[int] = None) -> None:
+        """Quantizes k and v ([n, num_kv_heads, head_dim] of the pool's dtype and device) into tokens
+        [start, start + n) of the sequence whose blocks are block_table. int2 appends go in order
+        within a V partition."""
+        self._pool.append(k, v, _table(block_table), start, _stream(stream))
+
+    def read(self, block_table: Sequence[int], length: int) -> dict:
+        """The stored codes and metadata of tokens [0, length), as numpy arrays (codes one a byte):
+        fp8: k_codes, v_codes [length, heads, dim] (e4m3 bits), k_scale, v_scale [length, heads];
+        int2: k_codes [length, heads, dim], k_min, k_scale [length, heads, dim / partition];
+        v_codes [sealed, heads, dim] (sealed: length rounded down to the partition), v_min, v_scale
+        [sealed / partition, heads, dim]; v_tail [length - sealed, heads, dim] (the f16 rows)."""
+        return self._pool.read(_table(block_table), length)
+
+    def dequantize(self, block_table: Sequence[int], length: int):
+        """(k, v) [length, num_kv_heads, head_dim]: the values attention reads, float64 numpy on
+        the CPU; on CUDA torch tensors of the pool's dtype, widened by the backend's kernel."""
+        import numpy as np
+
+        if self.device != "cpu":
+            import torch
+
+            table = _table(block_table)
+            dtype = {"f16": torch.float16, "bf16": torch.bfloat16}[self.dtype]
+            shape = (len(table), self.num_kv_heads, self.block_size, self.head_dim)
+            k, v = (torch.empty(shape, dtype=dtype, device=self.device) for _ in range(2))
+            self._pool.widen(table, length, k, v, -1)
+            return tuple(x.transpose(1, 2).reshape(-1, self.num_kv_heads, self.head_dim)[:length] for x in (k, v))
+        r = self.read(block_table, length)
+        if self.kv_cache_dtype == "fp8":
+            return (e4m3_to_float(r["k_codes"]) * r["k_scale"][..., None],
+                    e4m3_to_float(r["v_codes"]) * r["v_scale"][..., None])
+        p = self.partition
+        k = r["k_min"].repeat(p, axis=2) + r["k_scale"].repeat(p, axis=2) * r["k_codes"]
+        v_sealed = (r["v_min"].repeat(p, axis=0) + r["v_scale"].repeat(p, axis=0) * r["v_codes"]).astype(np.float64)
+        return k.astype(np.float64), np.concatenate([v_sealed, r["v_tail"].astype(np.float64)])
+
+
+def e4m3_to_float(codes):
+    """float64 values of fp8 e4m3 bit patterns (uint8; 4 exponent bits, bias 7, no infinities)."""
+    import numpy as np
+
+    c = np.asarray(codes, dtype=np.int64)
+    sign = np.where(c & 0x80, -1.0, 1.0)
+    exponent, mantissa = (c >> 3) & 0xF, c & 7
+    value = np.where(exponent == 0, np.ldexp(mantissa.astype(np.float64), -9),
+                     np.ldexp(1.0 + mantissa / 8.0, exponent - 7))
+    return np.where((exponent == 15) & (mantissa == 7), np.nan, sign * value)
+
+
 class _Attention:
     _impl = None
 
@@ -157,14 +250,23 @@ class _Attention:
         self._op.plan([_table(t) for t in block_tables], _table(lengths), num_q_heads, num_kv_heads, head_dim,
                       block_size, softmax_scale, _dtype_name(kv_dtype), 0 if stream is None else int(stream))
 
-    def run(self, q, kv_cache: PagedKVCache, out=None, lse=None, stream: Optional[int] = None) -> Tuple[object, object]:
+    def run(self, q, kv_cache, out=None, lse=None, stream: Optional[int] = None) -> Tuple[object, object]:
         """Attention of q ([num_seqs, num_q_heads, head_dim], one token per sequence) over the planned
-        KV: returns (out, lse), allocating them in q's framework when not given."""
+        KV (a PagedKVCache, or for DecodeAttention a QuantizedPagedKVCache planned with kv_dtype
+        "int2" or "fp8", q and out of its dtype): returns (out, lse), allocating them in q's
+        framework when not given."""
         if out is None:
-            out = _empty(q, self._op.out_shape, self._op.out_dtype)
+            quantized = isinstance(kv_cache, QuantizedPagedKVCache)
+            out = _empty(q, self._op.out_shape, kv_cache.dtype if quantized else self._op.out_dtype)
         if lse is None:
             lse = _empty(q, self._op.out_shape[:2], "f32")
-        self._op.run(q, kv_cache._pool, out, lse, _stream(stream))
+        if isinstance(kv_cache, QuantizedPagedKVCache):
+            if not hasattr(self._op, "run_quantized"):
+                raise ValueError(f"{type(self).__name__} runs on f32/f16/bf16 KV; int2 and fp8 caches take "
+                                 "DecodeAttention")
+            self._op.run_quantized(q, kv_cache._pool, out, lse, _stream(stream))
+        else:
+            self._op.run(q, kv_cache._pool, out, lse, _stream(stream))
         return out, lse
 
 

@@ -175,6 +175,7 @@ void bind_llm(nb::module_& m) {
       .def_rw("attention", &ModelFlags::attention)
       .def_rw("enforce_eager", &ModelFlags::enforce_eager)
       .def_rw("threads", &ModelFlags::threads)
+      .def_rw("tensor_parallel", &ModelFlags::tensor_parallel)
       .def_rw("kv_memory_mb", &ModelFlags::kv_memory_mb)
       .def_rw("max_batch", &ModelFlags::max_batch)
       .def_rw("step_tokens", &ModelFlags::step_tokens)

@@ -4,6 +4,14 @@ import shutil
 
 import pytest
 
+# torch before pagoda: a CUDA build of pagoda links the system's NCCL, and torch's CUDA library,
+# loaded after it, binds to that NCCL instead of its own and fails to load (undefined symbol
+# ncclCommResume), which would skip every GPU test as "no torch".
+try:
+    import torch  # noqa: F401
+except ImportError:
+    pass
+
 
 @pytest.fixture(scope="session")
 def pagoda_binary():

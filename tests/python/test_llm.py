@@ -110,6 +110,17 @@ def test_kv_cache_dtype(llm):
         pagoda.LLM(backend="cpu", kv_cache_dtype="int2", kv_partition=128)
 
 
+def test_tensor_parallel_gives_the_same_greedy_text(llm):
+    # Two CPU ranks (model/tensor_parallel_model.h) split heads and the MLP; the sums are reordered,
+    # which a short greedy continuation does not notice.
+    greedy = pagoda.SamplingParams(temperature=0, max_tokens=8)
+    split = pagoda.LLM(backend="cpu", tensor_parallel=2, max_batch=4, kv_memory_mb=16)
+    assert (split.generate(PROMPT, greedy, use_tqdm=False)[0].outputs[0].text ==
+            llm.generate(PROMPT, greedy, use_tqdm=False)[0].outputs[0].text)
+    with pytest.raises(ValueError, match="--tensor-parallel must be in"):
+        pagoda.LLM(backend="cpu", tensor_parallel=0)
+
+
 def test_an_interrupted_run_leaves_the_engine_usable(llm, monkeypatch):
     # Ctrl-C arrives as an exception in the progress callback (or from PyErr_CheckSignals): the
     # run is cancelled, the exception raised, and the next run starts from a drained engine.
