@@ -58,6 +58,11 @@ class Model {
   // among the first valid_vocab ids (a tokenizer may have fewer tokens than the padded embedding
   // table). rows: one per logit row, in order.
   std::vector<int32_t> sample(std::span<const SamplingRow> rows, int32_t valid_vocab);
+  // The k most likely tokens of some of the last step's logit rows (indices among them) by
+  // log-softmax over the first valid_vocab ids, on the backend (Backend::top_logprobs): tokens and
+  // log-probs [rows.size(), k], best first.
+  void top_logprobs(std::span<const int32_t> rows, int32_t k, int32_t valid_vocab, std::vector<int32_t>& tokens,
+                    std::vector<float>& logprobs);
   // run(chunks), then download_logits().
   std::span<const float> forward(std::span<const SequenceChunk> chunks);
   // Steps so far whose decode rows attended prefix-aware (LoadOptions::attention).
