@@ -1,6 +1,6 @@
 // The CUDA backend: f16 or bf16 weights, activations and KV cache on one GPU; cuBLASLt GEMMs,
 // fused elementwise kernels (residual add + RMSNorm, RoPE + KV append, SwiGLU), the paged decode
-// and prefill attention kernels, and sampling on the GPU.
+// and prefill attention kernels, and sampling and beam candidates (top log-probs) on the GPU.
 //
 // Every op is issued on one stream and reads the step's metadata from device arrays that
 // begin_step() filled, so a decode step can be captured once into a CUDA graph and replayed:
@@ -80,6 +80,8 @@ class CudaBackend final : public Backend {
   bool can_sample() const override { return true; }
   void sample(const Tensor& logits, int32_t vocab, std::span<const SamplingRow> rows,
               std::span<int32_t> tokens) override;
+  void top_logprobs(const Tensor& logits, int32_t vocab, std::span<const int32_t> rows, int32_t k,
+                    std::span<int32_t> tokens, std::span<float> logprobs) override;
 
   cudaStream_t stream() const { return stream_; }
   // Switches graph capture and replay on or off (tests compare the two on one backend, whose
@@ -108,6 +110,7 @@ class CudaBackend final : public Backend {
   std::shared_ptr<Buffer> kv_storage_;
   std::vector<PagedKv> kv_layers_;
   std::vector<cuda::KvTensorMaps> kv_maps_;  // kv_layers_' tensor maps, made at the first prefix step
+  size_t max_copy_pitch_ = 0;  // the device's largest pitch of a 2D copy (copy_kv_block)
   void* kv_staging_ = nullptr;  // pinned host memory for read_kv_pages / write_kv_pages
   size_t kv_staging_bytes_ = 0;
   attention::DeviceInfo device_info_;
@@ -126,6 +129,7 @@ class CudaBackend final : public Backend {
   bool has_prefill_ = false;
   cuda::DeviceArray<cuda::SampleRow> sample_rows_;
   cuda::DeviceArray<int32_t> sampled_;
+  cuda::DeviceArray<int32_t> top_rows_, top_pairs_;  // top_logprobs' rows, and its tokens then log-probs
 
   cuda::GraphTable<cudaGraphExec_t> graphs_{[](cudaGraphExec_t exec) { cudaGraphExecDestroy(exec); }};
   int64_t graph_captures_ = 0;
