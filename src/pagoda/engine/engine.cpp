@@ -145,14 +145,16 @@ RequestId Engine::submit(Request request) {
   const RequestId id = next_id_++;
   auto seq = std::make_unique<Sequence>(id, std::move(request), tokenizer_);
   if (p.beam_width > 0) {
-    std::vector<int32_t> stops = p.ignore_eos ? std::vector<int32_t>() : model_stop_ids_;
-    for (int32_t t : p.stop_token_ids)
+    // From the sequence's copy: `request` (and so p's vectors) has been moved into it.
+    const SamplingParams& q = seq->params;
+    std::vector<int32_t> stops = q.ignore_eos ? std::vector<int32_t>() : model_stop_ids_;
+    for (int32_t t : q.stop_token_ids)
       if (std::find(stops.begin(), stops.end(), t) == stops.end()) stops.push_back(t);
-    seq->search = std::make_unique<BeamSearch>(p.beam_width, p.length_penalty, p.early_stopping,
-                                               int32_t(std::min<int64_t>(p.max_tokens, context - n)), int32_t(stops.size()));
+    seq->search = std::make_unique<BeamSearch>(q.beam_width, q.length_penalty, q.early_stopping,
+                                               int32_t(std::min<int64_t>(q.max_tokens, context - n)), int32_t(stops.size()));
     if (seq->search->candidates_per_beam() > kMaxTopLogprobs)
       fail(ErrorKind::kInvalidArgument,
-           "a beam search of width {} with {} stop token ids ranks {} candidates per beam; at most {}", p.beam_width,
+           "a beam search of width {} with {} stop token ids ranks {} candidates per beam; at most {}", q.beam_width,
            stops.size(), seq->search->candidates_per_beam(), kMaxTopLogprobs);
   }
   (seq->prefill_remotely && !seq->search ? remote_queued_ : waiting_).push_back(std::move(seq));
