@@ -36,7 +36,7 @@
 // block moved through host pages) by AttentionSteps, whose graph kinds also run
 // run_graph and read graph_stats; the same on an fp8 or int2 cache by QuantizedAttentionSteps
 // (quantized_kv_steps.h); device_info, prefix_planning and graph_rows by Queries;
-// can_sample and sample by Sample.
+// can_sample and sample by Sample; top_logprobs by TopLogprobs.
 //
 // Adding an op (a new Backend method, or a new dtype or shape of one: quantized KV, collectives):
 // write an OpTest (prepare / run / check / bytes / flops) next to its kind below, add its
@@ -1204,6 +1204,86 @@ class Sample final : public OpTest {
   Array logits_;
 };
 
+// top_logprobs: the k best tokens of chosen rows by log-softmax, against the exact ranking and
+// log-sum-exp (long double). Logits are multiples of 1/64 in [-6, 6], so distinct logits stay
+// distinct after the subtraction of the lse (their log-probs are far more than an ulp apart) and
+// equal logits are exact ties, which must come lower token id first (transformers' order); a
+// tie is made to straddle the k-th place, and a column past vocab holds the largest logit, which
+// must be ignored. A row may hold -inf (masked tokens): with fewer finite tokens than k, the -inf
+// ones follow, lowest ids first.
+class TopLogprobs final : public OpTest {
+ public:
+  TopLogprobs(int32_t vocab, int32_t padding, int32_t num_rows, std::vector<int32_t> rows, int32_t k,
+              int32_t masked_row = -1)
+      : vocab_(vocab), ld_(vocab + padding), num_rows_(num_rows), rows_(std::move(rows)), k_(k), masked_row_(masked_row) {}
+  std::string name() const override {
+    return "top_logprobs vocab=" + std::to_string(vocab_) + " ld=" + std::to_string(ld_) + " rows=" +
+           std::to_string(rows_.size()) + "/" + std::to_string(num_rows_) + " k=" + std::to_string(k_) +
+           (masked_row_ >= 0 ? " masked" : "");
+  }
+  void prepare(Backend& backend) override {
+    Random rng(uint64_t(vocab_) * 31 + uint64_t(k_));
+    logits_host_.resize(size_t(num_rows_) * size_t(ld_));
+    for (float& x : logits_host_) x = float(int32_t(rng.bits() % 769) - 384) / 64.f;  // [-6, 6] in steps of 1/64
+    for (int32_t r = 0; r < num_rows_; ++r) {
+      float* row = &logits_host_[size_t(r) * size_t(ld_)];
+      // k / 2 tokens above the rest, then a tie of k tokens across the k-th place.
+      const int32_t above = std::min(k_ / 2, vocab_ / 2);
+      for (int32_t j = 0; j < above; ++j) row[rng.bits() % uint64_t(vocab_)] = 7.f + float(j % 3);
+      for (int32_t j = 0; j < k_ && j < vocab_ / 2; ++j) row[rng.bits() % uint64_t(vocab_)] = 6.5f;
+      for (int32_t c = vocab_; c < ld_; ++c) row[c] = 50.f;  // past vocab: never ranked
+      if (r == masked_row_) {
+        for (int32_t c = 0; c < vocab_; ++c) row[c] = -std::numeric_limits<float>::infinity();
+        for (int32_t j = 0; j < std::max(1, k_ / 2); ++j) row[rng.bits() % uint64_t(vocab_)] = float(j % 5) / 4.f;
+      }
+    }
+    logits_ = upload(backend, DType::kF32, logits_host_);
+  }
+  void run(Backend& backend) override {
+    tokens_.assign(rows_.size() * size_t(k_), -1);
+    logprobs_.assign(tokens_.size(), std::nanf(""));
+    backend.top_logprobs(logits_.view({num_rows_, ld_}), vocab_, rows_, k_, tokens_, logprobs_);
+  }
+  void check(Backend&, Report& report) override {
+    std::vector<double> got_tokens, want_tokens, got, want, magnitude;
+    for (size_t i = 0; i < rows_.size(); ++i) {
+      const float* row = &logits_host_[size_t(rows_[i]) * size_t(ld_)];
+      long double max = -INFINITY, sum = 0;
+      for (int32_t c = 0; c < vocab_; ++c) max = std::max<long double>(max, row[c]);
+      for (int32_t c = 0; c < vocab_; ++c) sum += std::exp((long double)row[c] - max);
+      const long double lse = max + std::log(sum);
+      std::vector<int32_t> order(static_cast<size_t>(vocab_));
+      std::iota(order.begin(), order.end(), 0);
+      std::stable_sort(order.begin(), order.end(), [&](int32_t a, int32_t b) { return row[a] > row[b]; });
+      for (int32_t j = 0; j < k_; ++j) {
+        const size_t at = i * size_t(k_) + size_t(j);
+        const int32_t t = order[size_t(j)];
+        got_tokens.push_back(tokens_[at]);
+        want_tokens.push_back(t);
+        if (std::isinf(row[t])) {  // masked: exactly -inf
+          if (logprobs_[at] != row[t]) report.fail("logprob of a masked token " + std::to_string(logprobs_[at]));
+          continue;
+        }
+        got.push_back(logprobs_[at]);
+        want.push_back(double((long double)row[t] - lse));
+        magnitude.push_back(std::abs(double(row[t])) + std::abs(double(lse)));
+      }
+    }
+    report.exact("tokens", got_tokens, want_tokens);
+    report.close("logprobs", got, want, magnitude, DType::kF32, DType::kF32, Tolerance{});
+  }
+  double bytes() const override { return double(rows_.size()) * double(vocab_) * 4; }
+
+ private:
+  int32_t vocab_, ld_, num_rows_;
+  std::vector<int32_t> rows_;
+  int32_t k_, masked_row_;
+  std::vector<float> logits_host_;
+  std::vector<int32_t> tokens_;
+  std::vector<float> logprobs_;
+  Array logits_;
+};
+
 // What the planners ask of a backend: device_info (workers), prefix_planning, graph_rows (a
 // ladder: at least the rows, non-decreasing, 0 past its top or on a backend without graphs).
 class Queries final : public OpTest {
@@ -1300,6 +1380,11 @@ inline std::vector<std::unique_ptr<OpTest>> correctness_table() {
   add(new QuantizedAttentionSteps(KvQuant::kInt2, attention_shape(4, 2, 64, 64), false));
   add(new QuantizedAttentionSteps(KvQuant::kInt2, attention_shape(8, 2, 128, 64), true));
   add(new QuantizedAttentionSteps(KvQuant::kInt2, attention_shape(4, 4, 128, 64), true));
+  add(new TopLogprobs(1000, 3, 4, {2, 0, 3}, 8));
+  add(new TopLogprobs(1000, 0, 3, {1, 2}, 10, 2));  // row 2: 5 finite tokens, 5 masked ones follow
+  add(new TopLogprobs(50, 0, 2, {1, 0}, 50));       // k = vocab: the whole row sorted
+  add(new TopLogprobs(32000, 0, 5, {4, 3, 2, 1, 0}, 64));
+  add(new TopLogprobs(5000, 1, 1, {0}, kMaxTopLogprobs));
   return t;
 }
 
@@ -1335,6 +1420,9 @@ inline std::vector<std::unique_ptr<OpTest>> perf_table(const Backend& backend) {
   add(new AttentionPerf(P::kAttention, DecodeMode::kPaged, llama, 1, kv_len, 0));
   add(new AttentionPerf(P::kAttention, DecodeMode::kPaged, llama, int32_t(batch), kv_len, 0));
   add(new AttentionPerf(P::kAttention, DecodeMode::kPrefix, llama, int32_t(batch), kv_len, kv_len / 2));
+  std::vector<int32_t> all_rows(static_cast<size_t>(batch));
+  std::iota(all_rows.begin(), all_rows.end(), 0);
+  add(new TopLogprobs(128256, 0, int32_t(batch), all_rows, 8));  // 16 beam searches of width 4 (K = 2W)
   return t;
 }
 

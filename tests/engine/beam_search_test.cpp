@@ -290,6 +290,9 @@ TEST_F(BeamSearchTest, RejectsBadRequests) {
   nan_penalty.length_penalty = NAN;
   refused(nan_penalty, "length_penalty");
   refused(beam_params(16, 8), "a beam width of 16 needs 16 batch slots");
+  SamplingParams many_stops = beam_params(8, 8);  // K = (1 + 600) x 8 candidates per beam > 4096
+  for (int32_t t = 0; t < 600; ++t) many_stops.stop_token_ids.push_back(t);
+  refused(many_stops, "candidates per beam; at most 4096");
   SamplingParams returns_many{.temperature = 0.f, .num_return = 2};
   refused(returns_many, "num_return");
   EXPECT_FALSE(engine.has_work());

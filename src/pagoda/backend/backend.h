@@ -25,6 +25,7 @@
 #include "pagoda/core/tensor.h"
 #include "pagoda/attention/plan.h"
 #include "pagoda/attention/prefix_plan.h"
+#include "pagoda/backend/top_logprobs.h"
 #include "pagoda/kv/kv_cache_config.h"
 
 namespace pagoda {
@@ -189,6 +190,15 @@ class Backend {
   // columns are valid.
   virtual void sample(const Tensor& logits, int32_t vocab, std::span<const SamplingRow> rows,
                       std::span<int32_t> tokens);
+
+  // The k most likely tokens of some rows of logits [n, ld] f32, by log-softmax over each row's
+  // first `vocab` columns (a beam search's candidates: k pairs per row cross to the host, not a
+  // row): for the i-th of `rows`, tokens and logprobs [i * k, (i + 1) * k), best first, equal
+  // log-probs lower id first. The log-probs are rank_top_logprobs()'s (top_logprobs.h), whose
+  // rounding the ranking follows. 1 <= k <= min(vocab, kMaxTopLogprobs). The default downloads the
+  // rows and ranks them on the host; that is the CPU backend's implementation.
+  virtual void top_logprobs(const Tensor& logits, int32_t vocab, std::span<const int32_t> rows, int32_t k,
+                            std::span<int32_t> tokens, std::span<float> logprobs);
 };
 
 class Backend::Buffer {
@@ -204,6 +214,17 @@ class Backend::Buffer {
 
 inline void Backend::sample(const Tensor&, int32_t, std::span<const SamplingRow>, std::span<int32_t>) {
   fail(ErrorKind::kUnsupported, "the {} backend does not sample; sample downloaded logits", name());
+}
+
+inline void Backend::top_logprobs(const Tensor& logits, int32_t vocab, std::span<const int32_t> rows, int32_t k,
+                                  std::span<int32_t> tokens, std::span<float> logprobs) {
+  check_top_logprobs_args(logits, vocab, rows, k, tokens.size(), logprobs.size());
+  std::vector<float> row(static_cast<size_t>(vocab));
+  const size_t ld = size_t(logits.size(1)), kk = size_t(k);
+  for (size_t i = 0; i < rows.size(); ++i) {
+    download(row.data(), static_cast<const float*>(logits.data) + size_t(rows[i]) * ld, row.size() * sizeof(float));
+    rank_top_logprobs(row, tokens.subspan(i * kk, kk), logprobs.subspan(i * kk, kk));
+  }
 }
 
 }  // namespace pagoda

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <utility>
 
 #include <nlohmann/json.hpp>
 
@@ -17,6 +18,9 @@ struct BeamRun {
   int32_t peak_blocks = 0;    // KV blocks held by requests (cached-only blocks not counted)
   int64_t steps = 0;
   int64_t preemptions = 0;
+  double step_planning_s = 0;  // host time making steps ready (Model::step_planning_seconds)
+  int64_t prefix_steps = 0;    // steps whose decode rows attended prefix-aware
+  Backend::GraphStats graphs;  // steps captured and replayed as CUDA graphs during the run
 };
 
 int32_t blocks_held(const Engine& e) { return e.num_kv_blocks() - e.num_free_blocks() - e.num_evictable_blocks(); }
@@ -29,6 +33,9 @@ BeamRun run(Session& session, const EngineOptions& options, const std::vector<Re
     engine.submit({.prompt = r.prompt, .params = {.temperature = 0.f, .max_tokens = 1}});
   while (engine.has_work()) engine.step();
   const EngineStats before = engine.stats();
+  const double planning_before = session.model->step_planning_seconds();
+  const int64_t prefix_before = session.model->prefix_steps();
+  const Backend::GraphStats graphs_before = session.backend->graph_stats();
 
   BeamRun result;
   const auto start = Clock::now();
@@ -57,13 +64,28 @@ BeamRun run(Session& session, const EngineOptions& options, const std::vector<Re
   result.output_tokens = engine.stats().generated_tokens - before.generated_tokens;
   result.steps = engine.stats().steps - before.steps;
   result.preemptions = engine.stats().preemptions - before.preemptions;
+  result.step_planning_s = session.model->step_planning_seconds() - planning_before;
+  result.prefix_steps = session.model->prefix_steps() - prefix_before;
+  const Backend::GraphStats graphs = session.backend->graph_stats();
+  result.graphs = {.captures = graphs.captures - graphs_before.captures,
+                   .replays = graphs.replays - graphs_before.replays,
+                   .invalidations = graphs.invalidations - graphs_before.invalidations};
   return result;
 }
 
 nlohmann::json to_json(const BeamRun& r) {
-  return {{"wall_s", r.wall_s},         {"output_tokens", r.output_tokens},
+  return {{"wall_s", r.wall_s},
+          {"output_tokens", r.output_tokens},
           {"output_tokens_per_s", double(r.output_tokens) / r.wall_s},
-          {"peak_kv_blocks", r.peak_blocks}, {"steps", r.steps}, {"preemptions", r.preemptions}};
+          {"ms_per_step", 1e3 * r.wall_s / double(std::max<int64_t>(r.steps, 1))},
+          {"step_planning_us_mean", 1e6 * r.step_planning_s / double(std::max<int64_t>(r.steps, 1))},
+          {"prefix_attention_steps", r.prefix_steps},
+          {"graph_captures", r.graphs.captures},
+          {"graph_replays", r.graphs.replays},
+          {"graph_invalidations", r.graphs.invalidations},
+          {"peak_kv_blocks", r.peak_blocks},
+          {"steps", r.steps},
+          {"preemptions", r.preemptions}};
 }
 
 }  // namespace
@@ -102,6 +124,11 @@ void run_beam_search_bench(Session& session, EngineOptions options, const std::v
               independent.peak_blocks);
   std::printf("beam / independent: throughput %.3f, KV blocks %.3f\n", beam_tps / independent_tps,
               double(beam.peak_blocks) / independent.peak_blocks);
+  for (const auto& [label, r] : {std::pair<const char*, const BeamRun&>{"beam search", beam}, {"independent", independent}})
+    std::printf("%s: %.2f ms/step, planning %.0f us/step, %lld prefix-aware steps, graphs %lld captured %lld replayed\n",
+                label, 1e3 * r.wall_s / double(std::max<int64_t>(r.steps, 1)),
+                1e6 * r.step_planning_s / double(std::max<int64_t>(r.steps, 1)), static_cast<long long>(r.prefix_steps),
+                static_cast<long long>(r.graphs.captures), static_cast<long long>(r.graphs.replays));
   if (json_path.empty()) return;
   const nlohmann::json j = {
       {"command", command},

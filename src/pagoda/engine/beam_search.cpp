@@ -40,28 +40,17 @@ BeamSearch::BeamSearch(int32_t width, float length_penalty, EarlyStopping early_
          max_new_tokens);
 }
 
-std::vector<BeamSearch::Candidate> BeamSearch::candidates(std::span<const std::span<float>> logits) const {
-  if (logits.size() != running_scores_.size())
-    fail(ErrorKind::kInternal, "beam search: {} logit rows for {} running beams", logits.size(), running_scores_.size());
+std::vector<BeamSearch::Candidate> BeamSearch::candidates(std::span<const RankedRow> rows) const {
+  if (rows.size() != running_scores_.size())
+    fail(ErrorKind::kInternal, "beam search: {} ranked rows for {} running beams", rows.size(), running_scores_.size());
   std::vector<Candidate> all;
-  std::vector<int32_t> ids;
-  for (size_t b = 0; b < logits.size(); ++b) {
-    std::span<float> row = logits[b];
-    const float max = *std::max_element(row.begin(), row.end());
-    double sum = 0;
-    for (float x : row) sum += std::exp(double(x) - double(max));
-    const float log_sum = max + float(std::log(sum));
-    for (float& x : row) x -= log_sum;
+  for (size_t b = 0; b < rows.size(); ++b) {
+    const RankedRow& row = rows[b];
     // The best K of this row are a superset of its share of the best K overall.
-    const size_t k = std::min(size_t(num_candidates_), row.size());
-    ids.resize(row.size());
-    std::iota(ids.begin(), ids.end(), 0);
-    const auto better = [&](int32_t a, int32_t c) { return row[size_t(a)] > row[size_t(c)] || (row[size_t(a)] == row[size_t(c)] && a < c); };
-    std::nth_element(ids.begin(), ids.begin() + ptrdiff_t(k - 1), ids.end(), better);
-    std::sort(ids.begin(), ids.begin() + ptrdiff_t(k), better);
+    const size_t k = std::min({size_t(num_candidates_), row.tokens.size(), row.logprobs.size()});
     for (size_t i = 0; i < k; ++i) {
-      if (row[size_t(ids[i])] == -std::numeric_limits<float>::infinity()) break;
-      all.push_back({.parent = int32_t(b), .token = ids[i], .score = running_scores_[b] + row[size_t(ids[i])]});
+      if (row.logprobs[i] == -std::numeric_limits<float>::infinity()) break;
+      all.push_back({.parent = int32_t(b), .token = row.tokens[i], .score = running_scores_[b] + row.logprobs[i]});
     }
   }
   // Stable: rows were appended in beam order and each row in token order among equals.

@@ -25,7 +25,9 @@
 // Width 1 is greedy search, as transformers' generate(num_beams=1) is: the most likely token (ties
 // to the lower id), ending at the first stop.
 //
-// Cost per step: a log-sum-exp and an O(V) selection per running beam, then O(W K log K).
+// Cost per step: O(W K log K) here. The log-softmax and the selection of each beam's best K
+// tokens, O(V) per beam, are the backend's (Backend::top_logprobs: on the GPU, only W x K
+// (token, log-prob) pairs reach the host).
 #pragma once
 
 #include <cstdint>
@@ -62,10 +64,19 @@ class BeamSearch {
   int32_t max_new_tokens() const { return max_new_tokens_; }
   bool done() const { return done_; }
 
+  // Running beam b's most likely tokens by log-softmax of its logits, best first (equal log-probs
+  // lower id first): Backend::top_logprobs' output, at least candidates_per_beam() of them (fewer
+  // only when the vocabulary is smaller). Tokens of log-prob -inf are never chosen.
+  struct RankedRow {
+    std::span<const int32_t> tokens;
+    std::span<const float> logprobs;
+  };
+  // K: the candidates a step keeps, and so the most it needs of each beam's row.
+  int32_t candidates_per_beam() const { return num_candidates_; }
+
   // Step 1: the best K continuations of the running beams, best first (ties: lower beam, then
-  // lower token id). logits[b] is running beam b's row; entries that must never be chosen are
-  // -inf. The rows are overwritten with their log-softmax.
-  std::vector<Candidate> candidates(std::span<const std::span<float>> logits) const;
+  // lower token id). rows[b] is running beam b's.
+  std::vector<Candidate> candidates(std::span<const RankedRow> rows) const;
 
   // What ends a candidate's beam (ends[i] in advance()).
   static constexpr uint8_t kGoesOn = 0, kEndsByStop = 1, kEndsByLength = 2;

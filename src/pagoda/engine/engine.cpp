@@ -29,10 +29,10 @@ SamplingParams with_seed(SamplingParams params) {
   return params;
 }
 
-// Penalties, logprobs and beam search exist only on the host.
+// Penalties and logprobs exist only on the host. (A beam search ranks its rows on the backend:
+// Backend::top_logprobs.)
 bool needs_host_sampler(const SamplingParams& p) {
-  return p.repetition_penalty != 1.f || p.presence_penalty != 0.f || p.frequency_penalty != 0.f || p.logprobs > 0 ||
-         p.beam_width > 0;
+  return p.repetition_penalty != 1.f || p.presence_penalty != 0.f || p.frequency_penalty != 0.f || p.logprobs > 0;
 }
 
 }  // namespace
@@ -145,11 +145,17 @@ RequestId Engine::submit(Request request) {
   const RequestId id = next_id_++;
   auto seq = std::make_unique<Sequence>(id, std::move(request), tokenizer_);
   if (p.beam_width > 0) {
-    std::vector<int32_t> stops = p.ignore_eos ? std::vector<int32_t>() : model_stop_ids_;
-    for (int32_t t : p.stop_token_ids)
+    // From the sequence's copy: `request` (and so p's vectors) has been moved into it.
+    const SamplingParams& q = seq->params;
+    std::vector<int32_t> stops = q.ignore_eos ? std::vector<int32_t>() : model_stop_ids_;
+    for (int32_t t : q.stop_token_ids)
       if (std::find(stops.begin(), stops.end(), t) == stops.end()) stops.push_back(t);
-    seq->search = std::make_unique<BeamSearch>(p.beam_width, p.length_penalty, p.early_stopping,
-                                               int32_t(std::min<int64_t>(p.max_tokens, context - n)), int32_t(stops.size()));
+    seq->search = std::make_unique<BeamSearch>(q.beam_width, q.length_penalty, q.early_stopping,
+                                               int32_t(std::min<int64_t>(q.max_tokens, context - n)), int32_t(stops.size()));
+    if (seq->search->candidates_per_beam() > kMaxTopLogprobs)
+      fail(ErrorKind::kInvalidArgument,
+           "a beam search of width {} with {} stop token ids ranks {} candidates per beam; at most {}", q.beam_width,
+           stops.size(), seq->search->candidates_per_beam(), kMaxTopLogprobs);
   }
   (seq->prefill_remotely && !seq->search ? remote_queued_ : waiting_).push_back(std::move(seq));
   return id;
@@ -413,16 +419,24 @@ std::vector<TokenEvent> Engine::step() {
   // A request is sampled by one sampler all its life, so its seed gives the same text whatever it
   // is batched with: the backend's (a Philox draw keyed by seed and token index) when the backend
   // samples and the request needs neither penalties nor logprobs, else the host's, from
-  // downloaded logits.
+  // downloaded logits. A beam search's rows are ranked on the backend, whichever it is: only
+  // their best K tokens come back.
   const bool backend_samples = model_.can_sample();
   auto on_backend = [&](const Sequence& seq) { return backend_samples && !needs_host_sampler(seq.params); };
   bool any_on_backend = false, any_on_host = false;
   std::vector<SamplingRow> rows;
+  std::vector<int32_t> beam_logit_rows;
+  int32_t beam_k = 0;
   for (size_t i = 0; i < scheduled.size(); ++i) {
     if (!chunks[i].want_logits) continue;
     const Sequence& seq = *scheduled[i].seq;
     const SamplingParams& p = seq.params;
-    (on_backend(seq) ? any_on_backend : any_on_host) = true;
+    if (seq.search) {
+      beam_logit_rows.push_back(int32_t(rows.size()));
+      beam_k = std::max(beam_k, seq.search->candidates_per_beam());
+    } else {
+      (on_backend(seq) ? any_on_backend : any_on_host) = true;
+    }
     rows.push_back({.temperature = p.temperature < kGreedyBelowTemperature ? 0.f : p.temperature, .top_k = p.top_k,
                     .top_p = p.top_p, .min_p = p.min_p, .seed = *p.seed, .offset = uint64_t(seq.generated())});
   }
@@ -435,9 +449,15 @@ std::vector<TokenEvent> Engine::step() {
     after_layer_kv = [&](int32_t layer) { kept_kv_layer_hook_(layer, kept_now); };
   std::span<const float> logits;
   std::vector<int32_t> sampled_tokens;
+  // The beams' rows ranked: beam_k (token, log-prob) pairs each, in beam_logit_rows' order.
+  const int32_t text_vocab = std::min(tokenizer_.vocab_size(), model_.config().vocab_size);
+  beam_k = std::min(beam_k, text_vocab);
+  std::vector<int32_t> top_tokens;
+  std::vector<float> top_logprobs;
   try {
     model_.run(chunks, after_layer_kv);
     if (any_on_backend) sampled_tokens = model_.sample(rows, tokenizer_.vocab_size());
+    if (!beam_logit_rows.empty()) model_.top_logprobs(beam_logit_rows, beam_k, text_vocab, top_tokens, top_logprobs);
     if (any_on_host) logits = model_.download_logits();
   } catch (...) {
     // Leave the engine as if the step never ran: the scheduled sequences give their blocks back
@@ -453,9 +473,10 @@ std::vector<TokenEvent> Engine::step() {
 
   const size_t vocab = size_t(model_.config().vocab_size);
   std::vector<float> row(any_on_host ? vocab : 0);
-  size_t logit_row = 0;
+  size_t logit_row = 0, beam_row = 0;
   std::vector<Sequence*> finished;
-  std::vector<std::pair<Sequence*, std::vector<size_t>>> beam_rows;  // each beam search's logit rows, in beam order
+  // Each beam search's ranked rows, in beam order.
+  std::vector<std::pair<Sequence*, std::vector<BeamSearch::RankedRow>>> beam_rows;
   for (size_t i = 0; i < scheduled.size(); ++i) {
     Sequence& seq = *scheduled[i].seq;
     seq.num_computed = scheduled[i].start + scheduled[i].count;
@@ -464,7 +485,10 @@ std::vector<TokenEvent> Engine::step() {
     if (!chunks[i].want_logits) continue;
     if (seq.search) {
       if (beam_rows.empty() || beam_rows.back().first != &seq) beam_rows.push_back({&seq, {}});
-      beam_rows.back().second.push_back(logit_row++);
+      const size_t at = beam_row++ * size_t(beam_k);
+      beam_rows.back().second.push_back({.tokens = std::span(top_tokens).subspan(at, size_t(beam_k)),
+                                         .logprobs = std::span(top_logprobs).subspan(at, size_t(beam_k))});
+      ++logit_row;
       continue;
     }
     SampledToken sampled;
@@ -482,8 +506,8 @@ std::vector<TokenEvent> Engine::step() {
     events.push_back(accept_token(seq, sampled));
     if (events.back().finish != FinishReason::kNone) finished.push_back(&seq);
   }
-  for (auto& [seq, rows] : beam_rows) {
-    step_beams(*seq, logits, rows, events);
+  for (auto& [seq, ranked] : beam_rows) {
+    step_beams(*seq, ranked, events);
     if (seq->search->done()) finished.push_back(seq);
   }
   for (Sequence* seq : finished) {
@@ -570,23 +594,13 @@ void Engine::release_kept_kv(RequestId id) {
   kept_kv_.erase(it);
 }
 
-// One step of a beam search, from its running beams' logits (one row: the prompt's, before the
-// first step): score, pick the W best, and re-form the beams by block tables. A new beam forks its
+// One step of a beam search, from its running beams' best tokens (one row: the prompt's, before
+// the first step): score, pick the W best, and re-form the beams by block tables. A new beam forks its
 // parent's table (every block shared, the partly filled last one copied when next written); the
 // old tables are released after every fork, so a dropped beam's own blocks are freed at once.
-void Engine::step_beams(Sequence& seq, std::span<const float> logits, std::span<const size_t> rows,
-                        std::vector<TokenEvent>& events) {
-  const size_t vocab = size_t(model_.config().vocab_size);
-  const ptrdiff_t text_vocab = std::min<ptrdiff_t>(tokenizer_.vocab_size(), ptrdiff_t(vocab));
-  std::vector<std::vector<float>> scratch(rows.size());
-  std::vector<std::span<float>> row_spans;
-  for (size_t b = 0; b < rows.size(); ++b) {
-    scratch[b].assign(logits.begin() + ptrdiff_t(rows[b] * vocab), logits.begin() + ptrdiff_t((rows[b] + 1) * vocab));
-    std::fill(scratch[b].begin() + text_vocab, scratch[b].end(), -std::numeric_limits<float>::infinity());
-    row_spans.push_back(scratch[b]);
-  }
+void Engine::step_beams(Sequence& seq, std::span<const BeamSearch::RankedRow> ranked, std::vector<TokenEvent>& events) {
   BeamSearch& search = *seq.search;
-  const std::vector<BeamSearch::Candidate> candidates = search.candidates(row_spans);
+  const std::vector<BeamSearch::Candidate> candidates = search.candidates(ranked);
 
   // Before the first step the one "beam" is the prompt itself.
   const bool first = seq.beams.empty();

@@ -31,6 +31,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "pagoda/engine/beam_search.h"
 #include "pagoda/engine/request.h"
 #include "pagoda/engine/stop_matcher.h"
 #include "pagoda/kv/block_pool.h"
@@ -144,8 +145,7 @@ class Engine {
   bool schedule_tokens(Sequence& seq, int32_t tokens, std::vector<ScheduledChunk>& chunks);
   int32_t batch_slots_in_use() const;
   void fork_beams_from_prompt(Sequence& seq);
-  void step_beams(Sequence& seq, std::span<const float> logits, std::span<const size_t> rows,
-                  std::vector<TokenEvent>& events);
+  void step_beams(Sequence& seq, std::span<const BeamSearch::RankedRow> ranked, std::vector<TokenEvent>& events);
   void finish_beams(Sequence& seq, std::vector<TokenEvent>& events);
   void cache_full_blocks(Sequence& seq);
   void preempt(Sequence& victim);

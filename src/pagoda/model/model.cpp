@@ -315,4 +315,14 @@ std::vector<int32_t> Model::sample(std::span<const SamplingRow> rows, int32_t va
   return tokens;
 }
 
+void Model::top_logprobs(std::span<const int32_t> rows, int32_t k, int32_t valid_vocab, std::vector<int32_t>& tokens,
+                         std::vector<float>& logprobs) {
+  tokens.resize(rows.size() * size_t(k));
+  logprobs.resize(tokens.size());
+  if (rows.empty()) return;
+  const Tensor logits = Tensor::contiguous(logits_->data(), DType::kF32,
+                                           {int64_t(step_.logit_rows.size()), logits_width()}, backend_.device());
+  backend_.top_logprobs(logits, std::clamp(valid_vocab, 1, config_.vocab_size), rows, k, tokens, logprobs);
+}
+
 }  // namespace pagoda

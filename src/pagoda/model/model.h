@@ -69,6 +69,11 @@ class Model final : public StepModel {
   int32_t graph_rows(int32_t rows) const { return backend_.graph_rows(rows); }
   bool can_sample() const { return backend_.can_sample(); }
   void copy_kv_block(int32_t src, int32_t dst) { backend_.copy_kv_block(src, dst); }
+  // The k most likely tokens of some of the last step's logit rows (indices among them) by
+  // log-softmax over the first valid_vocab ids, on the backend (Backend::top_logprobs): tokens and
+  // log-probs [rows.size(), k], best first.
+  void top_logprobs(std::span<const int32_t> rows, int32_t k, int32_t valid_vocab, std::vector<int32_t>& tokens,
+                    std::vector<float>& logprobs) override;
   // Steps so far whose decode rows attended prefix-aware (LoadOptions::attention).
   int64_t prefix_steps() const { return prefix_steps_; }
   // Host seconds, summed over steps, spent making each step ready to launch: its batch, its

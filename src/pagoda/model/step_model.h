@@ -47,6 +47,10 @@ class StepModel {
                    const std::function<void(int32_t layer)>& after_layer_kv = {}) = 0;
   virtual std::span<const float> download_logits() = 0;
   virtual std::vector<int32_t> sample(std::span<const SamplingRow> rows, int32_t valid_vocab) = 0;
+  // The k most likely tokens of some of the last step's logit rows (indices among them) by
+  // log-softmax over the first valid_vocab ids, on the device: [rows.size(), k], best first.
+  virtual void top_logprobs(std::span<const int32_t> rows, int32_t k, int32_t valid_vocab,
+                            std::vector<int32_t>& tokens, std::vector<float>& logprobs) = 0;
   // run(chunks), then download_logits().
   std::span<const float> forward(std::span<const SequenceChunk> chunks) {
     run(chunks);

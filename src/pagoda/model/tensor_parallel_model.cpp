@@ -158,4 +158,9 @@ std::vector<int32_t> TensorParallelModel::sample(std::span<const SamplingRow> ro
   return tokens;
 }
 
+void TensorParallelModel::top_logprobs(std::span<const int32_t> rows, int32_t k, int32_t valid_vocab,
+                                       std::vector<int32_t>& tokens, std::vector<float>& logprobs) {
+  on_ranks([&](int) { ranks_[0].model->top_logprobs(rows, k, valid_vocab, tokens, logprobs); }, 1);
+}
+
 }  // namespace pagoda

@@ -51,6 +51,8 @@ class TensorParallelModel final : public StepModel {
            const std::function<void(int32_t layer)>& after_layer_kv = {}) override;
   std::span<const float> download_logits() override;
   std::vector<int32_t> sample(std::span<const SamplingRow> rows, int32_t valid_vocab) override;
+  void top_logprobs(std::span<const int32_t> rows, int32_t k, int32_t valid_vocab, std::vector<int32_t>& tokens,
+                    std::vector<float>& logprobs) override;
   int64_t prefix_steps() const override { return ranks_[0].model->prefix_steps(); }
   double step_planning_seconds() const override { return ranks_[0].model->step_planning_seconds(); }
 

@@ -7,6 +7,7 @@
 #include "pagoda/backend/cuda/check.h"
 #include "pagoda/backend/cuda/layer_ops.h"
 #include "pagoda/backend/cuda/quantized_kv.h"
+#include "pagoda/backend/cuda/top_logprobs.h"
 #include "pagoda/core/error.h"
 
 namespace pagoda {
@@ -61,6 +62,10 @@ constexpr std::array<int32_t, 19> kGraphSizes = {1,  2,  4,  8,  16,  24,  32,  
 CudaBackend::CudaBackend(DType dtype, const CudaBackendOptions& options)
     : dtype_(checked(dtype)), options_(options), gpu_(select_gpu(options.gpu)) {
   cuda::check_cuda(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking), "cudaStreamCreate");
+  int device = 0, max_pitch = 0;
+  cuda::check_cuda(cudaGetDevice(&device), "cudaGetDevice");
+  cuda::check_cuda(cudaDeviceGetAttribute(&max_pitch, cudaDevAttrMaxPitch, device), "cudaDeviceGetAttribute");
+  max_copy_pitch_ = size_t(max_pitch);
 }
 
 CudaBackend::~CudaBackend() {
@@ -258,6 +263,18 @@ size_t CudaBackend::allocate_quantized_kv_cache(const kv::KvCacheConfig& config)
 
 void CudaBackend::copy_kv_block(int32_t src, int32_t dst) {
   if (quantized_kv_) return quantized_kv_->copy_block(src, dst, stream_);
+  // The K and V pools of every layer lie pool_bytes apart in one allocation, so the block's page
+  // in each is one row of a 2D copy: one call rather than 2 x layers (a beam search copies a few
+  // blocks every step). Pools farther apart than a copy's pitch allows are copied one by one.
+  const size_t page_bytes = kv_page_bytes();
+  const size_t pool_bytes = page_bytes * size_t(kv_config_.num_blocks);
+  if (pool_bytes <= max_copy_pitch_) {
+    char* base = static_cast<char*>(kv_storage_->data());
+    cuda::check_cuda(cudaMemcpy2DAsync(base + size_t(dst) * page_bytes, pool_bytes, base + size_t(src) * page_bytes,
+                                       pool_bytes, page_bytes, 2 * kv_layers_.size(), cudaMemcpyDeviceToDevice, stream_),
+                     "copy_kv_block");
+    return;
+  }
   for (const PagedKv& layer : kv_layers_) {
     const size_t page_bytes = size_t(layer.page_stride) * dtype_size(dtype_);
     for (void* pool : {layer.k, layer.v}) {
@@ -424,6 +441,26 @@ void CudaBackend::sample(const Tensor& logits, int32_t vocab, std::span<const Sa
   cuda::sample_tokens(static_cast<const float*>(logits.data), logits.size(1), vocab, sample_rows_.data(),
                       int32_t(rows.size()), sampled_.data(), stream_);
   download(tokens.data(), sampled_.data(), tokens.size_bytes());
+}
+
+static_assert(kMaxTopLogprobs <= cuda::kMaxTopLogprobsOnDevice);
+
+void CudaBackend::top_logprobs(const Tensor& logits, int32_t vocab, std::span<const int32_t> rows, int32_t k,
+                               std::span<int32_t> tokens, std::span<float> logprobs) {
+  check_top_logprobs_args(logits, vocab, rows, k, tokens.size(), logprobs.size());
+  if (logits.device != Device::kCuda) fail(ErrorKind::kInternal, "cuda top_logprobs: logits on the CPU");
+  if (rows.empty()) return;
+  top_rows_.upload_grown(rows, stream_);
+  // Tokens then log-probs, one array: one download.
+  const size_t n = tokens.size();
+  top_pairs_.resize(2 * n);
+  int32_t* out = top_pairs_.data();
+  cuda::top_logprobs(static_cast<const float*>(logits.data), logits.size(1), vocab, top_rows_.data(),
+                     int32_t(rows.size()), k, out, reinterpret_cast<float*>(out + n), stream_);
+  std::vector<int32_t> host(2 * n);
+  download(host.data(), out, host.size() * sizeof(int32_t));
+  std::copy_n(host.begin(), n, tokens.begin());
+  std::memcpy(logprobs.data(), host.data() + n, n * sizeof(float));
 }
 
 }  // namespace pagoda

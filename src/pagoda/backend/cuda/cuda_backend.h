@@ -1,7 +1,7 @@
 // The CUDA backend: f16 or bf16 activations and KV cache on one GPU, weights of that type or in
 // GGUF quantized blocks (quant_matmul.h); cuBLASLt GEMMs,
 // fused elementwise kernels (residual add + RMSNorm, RoPE + KV append, SwiGLU), the paged decode
-// and prefill attention kernels, and sampling on the GPU.
+// and prefill attention kernels, and sampling and beam candidates (top log-probs) on the GPU.
 //
 // Every op is issued on one stream and reads the step's metadata from device arrays that
 // begin_step() filled, so a decode step can be captured once into a CUDA graph and replayed:
@@ -88,6 +88,8 @@ class CudaBackend final : public Backend {
   bool can_sample() const override { return true; }
   void sample(const Tensor& logits, int32_t vocab, std::span<const SamplingRow> rows,
               std::span<int32_t> tokens) override;
+  void top_logprobs(const Tensor& logits, int32_t vocab, std::span<const int32_t> rows, int32_t k,
+                    std::span<int32_t> tokens, std::span<float> logprobs) override;
 
   cudaStream_t stream() const { return stream_; }
   // The fp8 or int2 cache's pools of `layer` (null without one): for tests that compare them with
@@ -128,6 +130,7 @@ class CudaBackend final : public Backend {
   std::vector<PagedKv> kv_layers_;
   std::unique_ptr<cuda::QuantizedKvCache> quantized_kv_;  // an fp8 or int2 cache instead of kv_layers_
   std::vector<cuda::KvTensorMaps> kv_maps_;  // kv_layers_' tensor maps, made at the first prefix step
+  size_t max_copy_pitch_ = 0;  // the device's largest pitch of a 2D copy (copy_kv_block)
   void* kv_staging_ = nullptr;  // pinned host memory for read_kv_pages / write_kv_pages
   size_t kv_staging_bytes_ = 0;
   attention::DeviceInfo device_info_;
@@ -149,6 +152,7 @@ class CudaBackend final : public Backend {
   cuda::DeviceArray<uint16_t> dequantized_;
   cuda::DeviceArray<cuda::SampleRow> sample_rows_;
   cuda::DeviceArray<int32_t> sampled_;
+  cuda::DeviceArray<int32_t> top_rows_, top_pairs_;  // top_logprobs' rows, and its tokens then log-probs
 
   cuda::GraphTable<cudaGraphExec_t> graphs_{[](cudaGraphExec_t exec) { cudaGraphExecDestroy(exec); }};
   int64_t graph_captures_ = 0;

@@ -79,6 +79,8 @@ struct RankCut {
   __device__ bool keeps(int32_t i, uint32_t k) const { return k > key || (k == key && i <= id); }
 };
 
+// The row the selections below read: any type with vocab, max_z and z(i) (top_logprobs.cuh
+// ranks log-probs, z = logit - lse, with them).
 struct Row {
   const float* logits;  // [vocab]
   int32_t vocab;
@@ -163,8 +165,8 @@ struct Selection {
 
 // Radix select from the top: the key v with W(key > v) < target <= W(key >= v), where W sums
 // weight(i, z, key) (an integer). Needs 1 <= target <= W(all). Four passes over the row.
-template <typename Weight>
-__device__ Selection select_from_top(const Row& row, const Weight& weight, uint64_t target, Shared& s) {
+template <typename RowT, typename Weight>
+__device__ Selection select_from_top(const RowT& row, const Weight& weight, uint64_t target, Shared& s) {
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const WarpRange range = warp_range(row.vocab, warp);
   uint32_t prefix = 0;
@@ -222,8 +224,8 @@ __device__ Selection select_from_top(const Row& row, const Weight& weight, uint6
 }
 
 // The total of weight over the row; leaves each warp's share in s.warp_total for walk_to().
-template <typename Weight>
-__device__ uint64_t sum_weights(const Row& row, const Weight& weight, Shared& s) {
+template <typename RowT, typename Weight>
+__device__ uint64_t sum_weights(const RowT& row, const Weight& weight, Shared& s) {
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const WarpRange range = warp_range(row.vocab, warp);
   uint64_t sum = 0;
@@ -243,8 +245,8 @@ __device__ uint64_t sum_weights(const Row& row, const Weight& weight, Shared& s)
 // The first token, in id order, whose cumulative weight exceeds threshold (< the total that the
 // preceding sum_weights(row, weight) returned, with the same weight). Integer sums: the per-thread
 // pieces add up to exactly the per-warp totals, so the crossing is always found.
-template <typename Weight>
-__device__ int32_t walk_to(const Row& row, const Weight& weight, uint64_t threshold, Shared& s) {
+template <typename RowT, typename Weight>
+__device__ int32_t walk_to(const RowT& row, const Weight& weight, uint64_t threshold, Shared& s) {
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   if (threadIdx.x == 0) {
     uint64_t before = 0;
@@ -292,7 +294,8 @@ __device__ int32_t walk_to(const Row& row, const Weight& weight, uint64_t thresh
 // A key floor that at least k tokens clear, so the k best all do: the highest rung of a ladder
 // below max z that holds k tokens. 0 (every token) when even the lowest holds fewer. One pass of
 // comparisons into registers, no atomics per token.
-__device__ inline uint32_t top_k_floor(const Row& row, uint32_t k, Shared& s) {
+template <typename RowT>
+__device__ uint32_t top_k_floor(const RowT& row, uint32_t k, Shared& s) {
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   float rung[kLadderRungs];
   uint32_t count[kLadderRungs];
