@@ -1,6 +1,7 @@
 #include "pagoda/model/tensor_parallel_model.h"
 
 #include <algorithm>
+#include <vector>
 
 #include "pagoda/core/error.h"
 #include "pagoda/model/shard.h"
@@ -108,6 +109,30 @@ void TensorParallelModel::on_ranks(const std::function<void(int rank)>& job, int
   done_.wait(lock, [&] { return running_ == 0; });
   job_ = nullptr;
   if (failure_) std::rethrow_exception(failure_);
+}
+
+double TensorParallelModel::time_all_reduce(int64_t rows, int calls) {
+  if (rows < 1 || calls < 1) fail(ErrorKind::kInvalidArgument, "time_all_reduce: {} rows, {} calls", rows, calls);
+  double seconds = 0;
+  on_ranks([&](int rank) {
+    Backend& backend = *ranks_[size_t(rank)].backend;
+    parallel::Communicator& communicator = *ranks_[size_t(rank)].communicator;
+    const DType dtype = backend.activation_dtype();
+    const int64_t hidden = config().hidden_size;
+    const size_t bytes = size_t(rows * hidden) * dtype_size(dtype);
+    const std::shared_ptr<Backend::Buffer> buffer = backend.allocate(bytes);
+    backend.upload(buffer->data(), std::vector<std::byte>(bytes).data(), bytes);  // zeros stay zeros
+    const Tensor x = Tensor::contiguous(buffer->data(), dtype, {rows, hidden}, backend.device());
+    std::byte sink[16];
+    const size_t sink_bytes = std::min(sizeof(sink), bytes);
+    communicator.all_reduce_sum(x);  // first use (and the ranks meet)
+    backend.download(sink, buffer->data(), sink_bytes);  // waits for the stream
+    const auto start = std::chrono::steady_clock::now();
+    for (int c = 0; c < calls; ++c) communicator.all_reduce_sum(x);
+    backend.download(sink, buffer->data(), sink_bytes);
+    if (rank == 0) seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count() / calls;
+  }, world_size());
+  return seconds;
 }
 
 size_t TensorParallelModel::weight_bytes() const {
