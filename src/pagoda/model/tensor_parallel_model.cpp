@@ -111,6 +111,15 @@ void TensorParallelModel::on_ranks(const std::function<void(int rank)>& job, int
   if (failure_) std::rethrow_exception(failure_);
 }
 
+std::string TensorParallelModel::describe() const {
+  if (ranks_[0].backend->device() == Device::kCpu)
+    return fmt::format("{} ranks on the CPU, a thread and a share of the cores each, collectives through shared "
+                       "memory",
+                       world_size());
+  return fmt::format("{} ranks, rank r on GPU r, collectives by NCCL (small all-reduces by the one-shot kernel)",
+                     world_size());
+}
+
 double TensorParallelModel::time_all_reduce(int64_t rows, int calls, int rounds) {
   if (rows < 1 || calls < 1 || rounds < 1)
     fail(ErrorKind::kInvalidArgument, "time_all_reduce: {} rows, {} calls, {} rounds", rows, calls, rounds);
