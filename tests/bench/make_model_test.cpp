@@ -21,6 +21,7 @@
 #include "pagoda/format/safetensors.h"
 #include "pagoda/model/checkpoint.h"
 #include "pagoda/model/model.h"
+#include "pagoda/model/shard.h"
 #include "pagoda/tokenizer/tokenizer.h"
 #include "../cli/pagoda_process.h"
 
@@ -81,6 +82,8 @@ TEST(MakeModel, PresetsHaveThePublishedShapes) {
   const ExpectedShape expected[] = {
       {"llama2-7b", "llama", 4096, 32, 32, 32, 11008, 32000, 4096, 1e4f, false},
       {"llama3-8b", "llama", 4096, 32, 32, 8, 14336, 128256, 8192, 5e5f, false},
+      {"llama2-70b", "llama", 8192, 80, 64, 8, 28672, 32000, 4096, 1e4f, false},
+      {"llama3-70b", "llama", 8192, 80, 64, 8, 28672, 128256, 8192, 5e5f, false},
       {"qwen2.5-7b", "qwen2", 3584, 28, 28, 4, 18944, 152064, 32768, 1e6f, true},
       {"qwen2.5-14b", "qwen2", 5120, 48, 40, 8, 13824, 152064, 32768, 1e6f, true},
   };
@@ -109,6 +112,29 @@ TEST(MakeModel, PresetsHaveThePublishedShapes) {
   }
   EXPECT_EQ(bench::hf_config_json(bench::model_preset("tiny"), DType::kBF16, 0)["torch_dtype"], "bfloat16");
   EXPECT_THROW(bench::model_preset("gpt2"), Error);
+}
+
+// The 70B shapes are for tensor parallelism on 2 to 8 GPUs: 64 q heads, 8 kv heads and a SwiGLU
+// width of 112 blocks of 256 split evenly, each rank whole GQA groups of 8 q heads, so every GPU
+// reads the same bytes and none is the step's straggler.
+TEST(MakeModel, SeventyBillionShapesSplitEvenlyOverEightRanks) {
+  for (const char* name : {"llama2-70b", "llama3-70b"}) {
+    const ModelConfig c = bench::model_preset(name);
+    for (int n : {2, 4, 8}) {
+      SCOPED_TRACE(fmt::format("{} over {} ranks", name, n));
+      check_tensor_parallel(c, n);
+      for (int r = 0; r < n; ++r) {
+        const ShardLayout s = shard_layout(c, {r, n});
+        EXPECT_EQ(s.num_q_heads, 64 / n);
+        EXPECT_EQ(s.q_head_begin, r * 64 / n);
+        EXPECT_EQ(s.num_kv_heads, 8 / n);
+        EXPECT_EQ(s.ffn_size, 28672 / n);
+        EXPECT_EQ(s.ffn_size % 256, 0);
+        EXPECT_EQ(s.vocab_rows, c.vocab_size / n);  // 32000 and 128256 divide by 8
+        EXPECT_EQ(s.vocab_stored, s.vocab_rows);
+      }
+    }
+  }
 }
 
 TEST(MakeModel, TinyCheckpointLoadsAndRuns) {

@@ -196,11 +196,102 @@ TEST_F(BenchThroughput, ReplaySharesPrefixesAndReportsTheScaling) {
   EXPECT_EQ(k["figures"]["output_tokens"], 7);
 }
 
+// --tensor-parallel 2 on the CPU: tiny's 2 kv heads and 320 vocabulary rows split evenly, so each
+// rank holds one kv head and 160 ids (plus the zero row other ids read). The main roofline counts
+// both ranks' bytes (they share this memory); the per-rank bound takes the largest rank's plus
+// 2 x 2 layers + 1 = 5 all-reduces per step at the given latency.
+TEST_F(BenchThroughput, TensorParallelReportsThePerRankBound) {
+  const std::string json = json_path("tp.json");
+  const auto r = run_pagoda("bench throughput" + model() +
+                            " --batch 3 --input 20 --output 6 --tensor-parallel 2 --baseline-tokens-per-s 1000 "
+                            "--allreduce-us 50 --json " + json);
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  for (const char* text : {"tensor parallel: 2 ranks", "N = 1: 1000.0 output tokens/s (given (--baseline-tokens-per-s))",
+                           "5 all-reduces of [3, hidden] x 50.0 us", "of the per-rank roofline"})
+    EXPECT_NE(r.output.find(text), std::string::npos) << text << "\n" << r.output;
+  const nlohmann::json j = read_json(json);
+  expect_common_fields(j);
+  EXPECT_NE(j["command"].get<std::string>().find("--tensor-parallel 2 --baseline-tokens-per-s 1000 --allreduce-us 50"),
+            std::string::npos)
+      << j["command"];
+  const auto& tp = j["tensor_parallel"];
+  EXPECT_EQ(tp["ranks"], 2);
+  EXPECT_EQ(tp["baseline"], "given (--baseline-tokens-per-s)");
+  EXPECT_EQ(tp["unsplit_output_tok_s"], 1000.0);
+  const double tps = j["figures"]["output_tok_s"].get<double>();
+  EXPECT_NEAR(tp["speedup"].get<double>(), tps / 1000, 1e-12);
+  EXPECT_NEAR(tp["per_rank_efficiency"].get<double>(), tps / 2000, 1e-12);
+  EXPECT_GT(tp["rank0_collective_s"].get<double>(), 0);  // the CPU communicator times its waits
+
+  ASSERT_EQ(tp["rank_bytes"].size(), 2u);
+  double weight_bytes = 0;
+  for (const auto& rank : tp["rank_bytes"]) {
+    EXPECT_EQ(rank["kv_heads"], 1);
+    EXPECT_EQ(rank["kv_bytes_per_token"], 256);  // 2 layers x (K, V) x 1 kv head x 16 dims x 4 bytes
+    const double row = rank["embedding_row_bytes"].get<double>();
+    EXPECT_TRUE(row == 64 * 2 || row == 64 * 4) << row;
+    EXPECT_DOUBLE_EQ(rank["step_weight_bytes"].get<double>(), rank["weight_bytes"].get<double>() - 161 * row);
+    weight_bytes += rank["weight_bytes"].get<double>();
+  }
+  EXPECT_DOUBLE_EQ(j["weight_bytes"].get<double>(), weight_bytes);
+  const auto& rank0 = tp["rank_bytes"][0];
+  const double row = rank0["embedding_row_bytes"].get<double>();
+  // Decode step k (1..5) attends over 20 + k tokens in each of 3 sequences.
+  const double rank_bytes = 5 * (rank0["step_weight_bytes"].get<double>() + 3 * row) + 3 * 256 * (21 + 22 + 23 + 24 + 25);
+
+  const auto& roof = j["roofline"];  // both ranks' bytes: they share this memory
+  EXPECT_EQ(roof["decode_steps"], 5);
+  EXPECT_EQ(roof["kv_bytes_per_token"], 512);
+  EXPECT_DOUBLE_EQ(roof["bytes_read"].get<double>(), 2 * rank_bytes);
+
+  const auto& per_rank = tp["per_rank_roofline"];
+  EXPECT_EQ(per_rank["decode_steps"], 5);
+  EXPECT_EQ(per_rank["all_reduces_per_step"], 5);
+  EXPECT_EQ(per_rank["all_reduce_rows"], 3);
+  EXPECT_DOUBLE_EQ(per_rank["all_reduce_us"].get<double>(), 50);
+  EXPECT_EQ(per_rank["all_reduce_source"], "given (--allreduce-us)");
+  EXPECT_DOUBLE_EQ(per_rank["largest_rank_bytes_read"].get<double>(), rank_bytes);
+  const double bandwidth = per_rank["read_bandwidth_bytes_per_s"].get<double>();
+  EXPECT_EQ(bandwidth, roof["read_bandwidth_bytes_per_s"].get<double>());
+  EXPECT_NEAR(per_rank["all_reduce_bound_s"].get<double>(), 5 * 5 * 50e-6, 1e-15);
+  EXPECT_NEAR(per_rank["bound_s"].get<double>(), rank_bytes / bandwidth + 5 * 5 * 50e-6, 1e-12);
+  EXPECT_DOUBLE_EQ(per_rank["measured_s"].get<double>(), roof["measured_s"].get<double>());
+  EXPECT_NEAR(per_rank["fraction_of_bound"].get<double>(),
+              per_rank["bound_s"].get<double>() / per_rank["measured_s"].get<double>(), 1e-9);
+
+  // No N = 1 figure: no efficiency; the all-reduce timed on the ranks' communicators.
+  const auto none = run_pagoda("bench throughput" + model() +
+                               " --batch 3 --input 20 --output 6 --tensor-parallel 2 --no-baseline --json " + json);
+  ASSERT_EQ(none.exit_code, 0) << none.output;
+  const nlohmann::json k = read_json(json);
+  EXPECT_EQ(k["tensor_parallel"]["baseline"], "none (--no-baseline)");
+  EXPECT_TRUE(k["tensor_parallel"]["speedup"].is_null());
+  EXPECT_TRUE(k["tensor_parallel"]["per_rank_efficiency"].is_null());
+  EXPECT_GT(k["tensor_parallel"]["per_rank_roofline"]["all_reduce_us"].get<double>(), 0);
+  EXPECT_EQ(k["tensor_parallel"]["per_rank_roofline"]["all_reduce_source"].get<std::string>().rfind("measured", 0), 0u);
+
+  // By default the same workload runs unsplit for the N = 1 figure.
+  const auto measured = run_pagoda("bench throughput" + model() +
+                                   " --batch 3 --input 20 --output 6 --tensor-parallel 2 --json " + json);
+  ASSERT_EQ(measured.exit_code, 0) << measured.output;
+  const nlohmann::json m = read_json(json);
+  EXPECT_EQ(m["tensor_parallel"]["baseline"].get<std::string>().rfind("measured", 0), 0u);
+  EXPECT_GT(m["tensor_parallel"]["unsplit_output_tok_s"].get<double>(), 0);
+}
+
 TEST_F(BenchThroughput, BadFlags) {
   expect_pagoda_error("bench throughput" + model(), "needs either --batch/--input/--output (offline) or --trace");
   expect_pagoda_error("bench throughput" + model() + " --batch 2 --input 4 --output 4 --trace " + trace(),
                       "needs either");
   expect_pagoda_error("bench throughput" + model() + " --batch 0 --input 4 --output 2", "--batch in [1, 4096]");
+  expect_pagoda_error("bench throughput" + model() + " --batch 1 --input 4 --output 2 --no-baseline",
+                      "are for --tensor-parallel N > 1");
+  expect_pagoda_error("bench throughput" + model() + " --batch 1 --input 4 --output 2 --tensor-parallel 2 --no-baseline "
+                      "--baseline-tokens-per-s 5", "one or the other");
+  expect_pagoda_error("bench throughput" + model() + " --batch 1 --input 4 --output 2 --tensor-parallel 2 "
+                      "--baseline-tokens-per-s 0", "--baseline-tokens-per-s must be in (0, 1e9), not 0");
+  expect_pagoda_error("bench throughput" + model() + " --trace " + trace() + " --tensor-parallel 2 --allreduce-us 5",
+                      "--allreduce-us is for offline runs");
   expect_pagoda_error("bench throughput" + model() + " --batch 1 --input 4000 --output 200",
                       "exceed the model's context of 4096");
   expect_pagoda_error("bench throughput" + model() + " --batch 1 --input 4 --shared-prefix 5 --output 2",

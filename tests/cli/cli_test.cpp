@@ -175,6 +175,14 @@ TEST(Cli, ServeRejectsBadFlags) {
   expect_error("serve --host 999.1.1.1 --port 0", "cannot listen");
 }
 
+// Split over ranks, serve says so at start-up (here before it fails to listen on a bad address).
+TEST(Cli, ServeLogsItsTensorParallelRanks) {
+  const Result r = run("serve --backend cpu --threads 2 --tensor-parallel 2 --host 999.1.1.1 --port 0");
+  EXPECT_EQ(r.exit_code, 1) << r.output;
+  EXPECT_NE(r.output.find("pagoda serve: tensor parallel: 2 ranks on the CPU"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("cannot listen"), std::string::npos) << r.output;
+}
+
 // A port someone else holds: one line saying so, not a crash.
 TEST(Cli, ServePortInUse) {
   const int fd = socket(AF_INET, SOCK_STREAM, 0);

@@ -41,13 +41,15 @@ ModelConfig tiny_qwen2() {
   return c;
 }
 
-// The published config.json of each model (Llama-3-8B is 3.0: no RoPE scaling). tiny and
+// The published config.json of each model (Llama-3-8B and -70B are 3.0: no RoPE scaling). tiny and
 // tiny-qwen2 are for tests: small legal shapes that still have grouped-query attention (and, for
 // Qwen2, the q/k/v biases), more vocabulary rows than the tokenizer written beside them (padding
 // rows, as real models have), and a context long enough for the CLI tests' replays.
 const Preset kPresets[] = {
     {"llama2-7b", llama(4096, 32, 32, 32, 11008, 32000, 4096, 1e4f, 1e-5f)},
     {"llama3-8b", llama(4096, 32, 32, 8, 14336, 128256, 8192, 5e5f, 1e-5f)},
+    {"llama2-70b", llama(8192, 80, 64, 8, 28672, 32000, 4096, 1e4f, 1e-5f)},
+    {"llama3-70b", llama(8192, 80, 64, 8, 28672, 128256, 8192, 5e5f, 1e-5f)},
     {"qwen2.5-7b", qwen2(3584, 28, 28, 4, 18944)},
     {"qwen2.5-14b", qwen2(5120, 48, 40, 8, 13824)},
     {"tiny", llama(64, 2, 4, 2, 128, 320, 4096, 1e4f, 1e-5f)},

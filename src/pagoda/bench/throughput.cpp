@@ -10,6 +10,16 @@
 // once (the prefix cache gives every sequence the same blocks), so those bytes over the device's
 // streaming-read bandwidth, measured in the same run, are the fastest a step can be.
 //
+// Split over N ranks (--tensor-parallel N): on GPUs each rank reads its own memory, so a decode
+// step is bound by the rank that reads the most (its weight shard and its kv heads' KV) over one
+// device's bandwidth, plus the step's 2 x layers + 1 all-reduces (after the embedding, o and down)
+// at the all-reduce's latency at the step's message size, measured on the ranks' communicators
+// before the run (or given: --allreduce-us); the logits' all-gather is left out, so the bound stays
+// a lower bound. On the CPU the ranks share one memory, so the main roofline counts every rank's
+// bytes; the per-rank bound is reported beside it. Efficiency is against N = 1: the same workload
+// run unsplit after the split run, or a figure given with --baseline-tokens-per-s (a model too
+// large for one device), or none (--no-baseline).
+//
 // Replay (--trace FILE): a Mooncake trace (trace.h), each request submitted when its (scaled)
 // arrival time passes while the engine steps (one thread: the clock is checked between steps).
 // Requests whose hash ids start alike share a prompt prefix, so the prefix cache's hit rate is real.
@@ -58,10 +68,11 @@ struct RequestTiming {
   int32_t generated = 0;
 };
 
-// One decode-only step: its wall time and the KV bytes its attention read.
+// One decode-only step: its wall time and the KV tokens its attention read (a kv head's K and V
+// of one token in one layer, per kv head and layer: ReadBytes::kv_bytes_per_token counts those).
 struct DecodeStep {
   double seconds = 0;
-  double kv_bytes = 0;
+  double kv_tokens = 0;
   int32_t batch = 0;
 };
 
@@ -97,7 +108,7 @@ std::vector<ReplayRequest> offline_workload(int32_t batch, int32_t input, int32_
 // request's recompute is prefill work in later steps). shared_kv_tokens: KV tokens every request
 // reads from the same blocks, which a decode step's bound counts once.
 RunResult run_workload(Session& session, const EngineOptions& options, const std::vector<ReplayRequest>& workload,
-                       double kv_bytes_per_token, int64_t shared_kv_tokens, bool report_progress) {
+                       int64_t shared_kv_tokens, bool report_progress) {
   Engine engine(*session.model, session.tokenizer, options);
   RunResult result;
   result.kv_blocks = engine.num_kv_blocks();
@@ -136,7 +147,7 @@ RunResult run_workload(Session& session, const EngineOptions& options, const std
     const double step_start = seconds_since(start);
     const std::vector<TokenEvent> events = engine.step();
     const double step_end = seconds_since(start);
-    double kv_bytes = 0;
+    double kv_tokens = 0;
     int64_t token_events = 0;
     for (const TokenEvent& e : events) {
       if (e.finish != FinishReason::kNone) ++finished;
@@ -151,13 +162,13 @@ RunResult run_workload(Session& session, const EngineOptions& options, const std
       ++tokens;
       // The step fed the token before this one, at position prompt + generated - 2, and attended
       // to every token up to it: prompt + generated - 1 of them.
-      kv_bytes += double(e.prompt_tokens + e.generated_tokens - 1) * kv_bytes_per_token;
+      kv_tokens += double(e.prompt_tokens + e.generated_tokens - 1);
       ++token_events;
     }
-    if (token_events > 1) kv_bytes -= double(token_events - 1) * double(shared_kv_tokens) * kv_bytes_per_token;
+    if (token_events > 1) kv_tokens -= double(token_events - 1) * double(shared_kv_tokens);
     const EngineStats& after = engine.stats();
     if (all_started && after.prompt_tokens == before.prompt_tokens && after.preemptions == 0 && !events.empty())
-      result.decode_steps.push_back({step_end - step_start, kv_bytes, int32_t(events.size())});
+      result.decode_steps.push_back({step_end - step_start, kv_tokens, int32_t(events.size())});
     if (report_progress && step_end - last_report >= 5) {
       last_report = step_end;
       std::fprintf(stderr, "bench: %.0f s, %lld steps, %lld / %lld tokens, %zu / %zu requests done\n", step_end,
@@ -199,28 +210,71 @@ Summary summarize(std::vector<double> values) {
 
 json to_json(const Summary& s) { return {{"mean", s.mean}, {"p50", s.p50}, {"p99", s.p99}}; }
 
-// The decode-only steps against (weight bytes + KV bytes read) / bandwidth.
+// What a model (or one tensor-parallel rank) reads in a decode step: every weight once, except
+// an untied embedding table, of which only the rows of its tokens, plus the KV of its kv heads.
+struct ReadBytes {
+  double weight_bytes = 0;
+  double step_weight_bytes = 0;
+  double embedding_row_bytes = 0;
+  double kv_bytes_per_token = 0;
+  int kv_heads = 0;
+
+  double step(const DecodeStep& s) const {
+    return step_weight_bytes + s.batch * embedding_row_bytes + s.kv_tokens * kv_bytes_per_token;
+  }
+};
+
+// embedding_rows: the rows of the model's (or the rank's) embedding table.
+ReadBytes read_bytes(const ModelConfig& c, const StepModel& model, int kv_heads, int64_t embedding_rows,
+                     DType kv_dtype) {
+  ReadBytes b;
+  b.weight_bytes = double(model.weight_bytes());
+  b.embedding_row_bytes = double(dtype_bytes(model.weight_dtype(), c.hidden_size));
+  b.step_weight_bytes =
+      b.weight_bytes - (c.tie_word_embeddings ? 0 : double(embedding_rows) * b.embedding_row_bytes);
+  b.kv_heads = kv_heads;
+  b.kv_bytes_per_token = double(c.num_layers) * 2 * double(kv_heads) * c.head_dim * double(dtype_size(kv_dtype));
+  return b;
+}
+
+json to_json(const ReadBytes& b) {
+  return {{"weight_bytes", b.weight_bytes},
+          {"step_weight_bytes", b.step_weight_bytes},
+          {"embedding_row_bytes", b.embedding_row_bytes},
+          {"kv_heads", b.kv_heads},
+          {"kv_bytes_per_token", b.kv_bytes_per_token}};
+}
+
+// The decode-only steps against (bytes read) / bandwidth + the step's collectives' floor. The
+// bytes of a step are the sum over `ranks` when they share one memory (one device, or ranks on
+// one CPU), else the largest rank's (each its own device at `bandwidth`).
 struct Roofline {
   int64_t steps = 0;
   double measured_s = 0;
   double bound_s = 0;
+  double memory_bound_s = 0;
+  double collective_bound_s = 0;
   double bytes = 0;
   double median_step_s = 0;
   double mean_batch = 0;
 };
 
-Roofline roofline(const std::vector<DecodeStep>& steps, double step_weight_bytes, double embedding_row_bytes,
-                  double bandwidth) {
+Roofline roofline(const std::vector<DecodeStep>& steps, const std::vector<ReadBytes>& ranks, bool ranks_share_memory,
+                  double bandwidth, double step_collective_s) {
   Roofline r;
   std::vector<double> times;
   for (const DecodeStep& s : steps) {
+    double bytes = 0;
+    for (const ReadBytes& rank : ranks) bytes = ranks_share_memory ? bytes + rank.step(s) : std::max(bytes, rank.step(s));
     ++r.steps;
     r.measured_s += s.seconds;
-    r.bytes += step_weight_bytes + s.batch * embedding_row_bytes + s.kv_bytes;
+    r.bytes += bytes;
     r.mean_batch += s.batch;
     times.push_back(s.seconds);
   }
-  r.bound_s = r.bytes / bandwidth;
+  r.memory_bound_s = r.bytes / bandwidth;
+  r.collective_bound_s = double(r.steps) * step_collective_s;
+  r.bound_s = r.memory_bound_s + r.collective_bound_s;
   r.median_step_s = summarize(times).p50;
   if (r.steps > 0) r.mean_batch /= double(r.steps);
   return r;
@@ -243,6 +297,9 @@ std::string command_line(const ThroughputBenchOptions& f, const EngineOptions& o
                    options.max_step_tokens);
   if (f.model.enforce_eager) c += " --enforce-eager";
   if (f.model.tensor_parallel != 1) c += fmt::format(" --tensor-parallel {}", f.model.tensor_parallel);
+  if (f.baseline_given) c += fmt::format(" --baseline-tokens-per-s {}", f.baseline_tokens_per_s);
+  if (f.no_baseline) c += " --no-baseline";
+  if (f.allreduce_given) c += fmt::format(" --allreduce-us {}", f.allreduce_us);
   if (options.num_kv_blocks == 0) c += fmt::format(" --kv-memory-mb {}", options.kv_memory_bytes >> 20);
   if (f.no_prefix_cache) c += " --no-prefix-cache";
   if (f.seed != 0) c += fmt::format(" --seed {}", f.seed);
@@ -279,6 +336,98 @@ void check_flags(const ThroughputBenchOptions& f, bool offline) {
     fail(ErrorKind::kInvalidArgument, "--shared-prefix is for offline runs, in [0, --input], not {}", f.shared_prefix);
   if (f.beam_width != 0 && (!offline || f.beam_width < 1 || f.beam_width > kMaxBeamWidth))
     fail(ErrorKind::kInvalidArgument, "--beam-width is for offline runs, in [1, {}], not {}", kMaxBeamWidth, f.beam_width);
+  const bool split = f.model.tensor_parallel > 1;
+  if ((f.baseline_given || f.no_baseline || f.allreduce_given) && (!split || f.beam_width > 0))
+    fail(ErrorKind::kInvalidArgument,
+         "--baseline-tokens-per-s, --no-baseline and --allreduce-us are for --tensor-parallel N > 1 (without --beam-width)");
+  if (f.baseline_given && f.no_baseline)
+    fail(ErrorKind::kInvalidArgument, "--baseline-tokens-per-s and --no-baseline: one or the other");
+  if (f.baseline_given && !(f.baseline_tokens_per_s > 0 && f.baseline_tokens_per_s < 1e9))
+    fail(ErrorKind::kInvalidArgument, "--baseline-tokens-per-s must be in (0, 1e9), not {}", f.baseline_tokens_per_s);
+  if (f.allreduce_given && (!offline || !(f.allreduce_us > 0 && f.allreduce_us < 1e6)))
+    fail(ErrorKind::kInvalidArgument, "--allreduce-us is for offline runs (the roofline), in (0, 1e6), not {}",
+         f.allreduce_us);
+}
+
+// The all-reduce that the per-rank bound charges for each of a decode step's collectives.
+struct AllReduceFloor {
+  int64_t rows = 0;  // of the [rows, hidden] activation it sums
+  double seconds = 0;
+  std::string source;
+  int64_t per_step = 0;
+};
+
+json nullable(bool known, double value) { return known ? json(value) : json(nullptr); }
+
+// Prints and returns the split run's figures: efficiency against N = 1, the time in collectives,
+// and (offline) the decode steps against the per-rank bound.
+json report_tensor_parallel(TensorParallelModel& split, const std::vector<ReadBytes>& ranks, const RunResult& run,
+                            double output_tps, double reference_tps, const std::string& baseline_source,
+                            double collective_s, bool offline, double bandwidth, const AllReduceFloor& allreduce) {
+  const int n = split.world_size();
+  const bool on_cpu = split.rank_backend(0).device() == Device::kCpu;
+  const bool baseline = reference_tps > 0;
+  std::printf("tensor parallel: %d ranks, %s\n", n,
+              on_cpu ? "threads sharing the CPU's cores and memory" : "one GPU each, NCCL and the one-shot all-reduce");
+  if (baseline) {
+    std::printf("  N = 1: %.1f output tokens/s (%s): speed-up %.2fx, per-rank efficiency %.1f%%\n", reference_tps,
+                baseline_source.c_str(), output_tps / reference_tps, 100 * output_tps / (n * reference_tps));
+  } else {
+    std::printf("  N = 1: %s, no efficiency\n", baseline_source.c_str());
+  }
+  if (on_cpu) {
+    std::printf("  rank 0 in collectives %.2f s (%.1f%% of the wall time)\n", collective_s, 100 * collective_s / run.wall_s);
+  } else {
+    std::printf("  time in collectives: not measured on GPUs (enqueued on the stream, replayed in graphs); the bound "
+                "below charges them\n");
+  }
+  json j = {{"ranks", n},
+            {"communicator", on_cpu ? "cpu (threads sharing memory)" : "nccl (+ one-shot all-reduce)"},
+            {"baseline", baseline_source},
+            {"unsplit_output_tok_s", nullable(baseline, reference_tps)},
+            {"speedup", nullable(baseline, output_tps / reference_tps)},
+            {"per_rank_efficiency", nullable(baseline, output_tps / (n * reference_tps))},
+            {"rank0_collective_s", nullable(on_cpu, collective_s)},
+            {"collective_fraction_of_wall", nullable(on_cpu, collective_s / run.wall_s)},
+            {"efficiency", "output tokens/s split / (ranks x output tokens/s at N = 1), same workload and flags; "
+                           "collective time is rank 0's wait inside all-reduce and all-gather, the other ranks' late "
+                           "arrival included (the CPU communicator's; GPU collectives are enqueued, not timed)"}};
+  for (const ReadBytes& r : ranks) j["rank_bytes"].push_back(to_json(r));
+  if (!offline) return j;
+
+  const Roofline r = roofline(run.decode_steps, ranks, false, bandwidth, double(allreduce.per_step) * allreduce.seconds);
+  std::printf("  per-rank roofline of the %lld decode-only steps: the largest rank's bytes over %.1f GB/s + %lld "
+              "all-reduces of [%lld, hidden] x %.1f us (%s)\n",
+              static_cast<long long>(r.steps), bandwidth / 1e9, static_cast<long long>(allreduce.per_step),
+              static_cast<long long>(allreduce.rows), 1e6 * allreduce.seconds, allreduce.source.c_str());
+  if (r.steps > 0) {
+    std::printf("  measured %.3f ms/step, bound %.3f ms/step (%.3f memory + %.3f all-reduce, %.1f MB on the largest "
+                "rank): %.1f%% of the per-rank roofline\n",
+                1e3 * r.measured_s / double(r.steps), 1e3 * r.bound_s / double(r.steps),
+                1e3 * r.memory_bound_s / double(r.steps), 1e3 * r.collective_bound_s / double(r.steps),
+                r.bytes / double(r.steps) / 1e6, 100 * r.bound_s / r.measured_s);
+  }
+  j["per_rank_roofline"] = {
+      {"decode_steps", r.steps},
+      {"measured_s", r.measured_s},
+      {"bound_s", r.bound_s},
+      {"memory_bound_s", r.memory_bound_s},
+      {"all_reduce_bound_s", r.collective_bound_s},
+      {"fraction_of_bound", r.measured_s > 0 ? r.bound_s / r.measured_s : 0},
+      {"mean_step_ms", r.steps ? 1e3 * r.measured_s / double(r.steps) : 0},
+      {"bound_step_ms", r.steps ? 1e3 * r.bound_s / double(r.steps) : 0},
+      {"largest_rank_bytes_read", r.bytes},
+      {"read_bandwidth_bytes_per_s", bandwidth},
+      {"all_reduce_rows", allreduce.rows},
+      {"all_reduce_us", 1e6 * allreduce.seconds},
+      {"all_reduce_source", allreduce.source},
+      {"all_reduces_per_step", allreduce.per_step},
+      {"bound", "per decode-only step, max over ranks of (the rank's weight bytes, of an untied embedding shard only "
+                "the batch's rows, + its kv heads' KV bytes) / streaming-read bandwidth of one device, + (2 x layers "
+                "+ 1) all-reduces of the step's [rows, hidden] activation x the all-reduce time at that size (the "
+                "logits' all-gather not counted); fraction = bound / measured"},
+  };
+  return j;
 }
 
 }  // namespace
@@ -328,26 +477,34 @@ void run_throughput_bench(const ThroughputBenchOptions& f) {
     workload = std::move(replay.requests);
   }
 
-  // Split over ranks, the bound counts every rank's bytes (kv heads replicated on several ranks
-  // are read by each): on the CPU the ranks share one memory system.
+  // What each rank reads per decode step (one rank: the whole model). Ranks on the CPU share one
+  // memory, so the main bound counts all of theirs (a kv head replicated on several ranks is read
+  // by each); ranks on GPUs each read their own, so it takes the largest.
   auto* split = dynamic_cast<TensorParallelModel*>(session.model.get());
-  int64_t kv_heads_read = c.num_kv_heads;
-  double weight_bytes = double(session.model->weight_bytes());
+  const DType kv_dtype = session.backend->activation_dtype();
+  std::vector<ReadBytes> ranks;
   if (split) {
-    kv_heads_read = 0;
-    weight_bytes = 0;
     for (int r = 0; r < split->world_size(); ++r) {
-      kv_heads_read += shard_layout(c, {r, split->world_size()}).num_kv_heads;
-      weight_bytes += double(split->rank_model(r).weight_bytes());
+      const ShardLayout layout = shard_layout(c, {r, split->world_size()});
+      // A rank's embedding shard: its vocab_rows ids and the zero row other ids read (weights.h).
+      ranks.push_back(read_bytes(c, split->rank_model(r), layout.num_kv_heads, int64_t(layout.vocab_rows) + 1, kv_dtype));
     }
+  } else {
+    ranks.push_back(read_bytes(c, *session.model, c.num_kv_heads, c.vocab_size, kv_dtype));
   }
-  const double kv_bytes_per_token = double(c.num_layers) * 2 * double(kv_heads_read) * c.head_dim *
-                                    double(dtype_size(session.backend->activation_dtype()));
-  // A decode step reads every weight once, except an untied embedding table, of which it reads
-  // only the rows of its tokens (the bound counts those with the KV bytes, per token).
-  const double embedding_row_bytes = double(dtype_bytes(session.model->weight_dtype(), c.hidden_size));
-  const double step_weight_bytes =
-      weight_bytes - (c.tie_word_embeddings ? 0 : double(c.vocab_size) * embedding_row_bytes);
+  const bool ranks_share_memory = session.backend->device() == Device::kCpu;
+  ReadBytes whole;  // the main bound's bytes as one reader: the ranks' sum, or the largest rank's
+  for (const ReadBytes& r : ranks) {
+    whole.weight_bytes = ranks_share_memory ? whole.weight_bytes + r.weight_bytes : std::max(whole.weight_bytes, r.weight_bytes);
+    whole.step_weight_bytes = ranks_share_memory ? whole.step_weight_bytes + r.step_weight_bytes
+                                                 : std::max(whole.step_weight_bytes, r.step_weight_bytes);
+    whole.embedding_row_bytes = ranks_share_memory ? whole.embedding_row_bytes + r.embedding_row_bytes
+                                                   : std::max(whole.embedding_row_bytes, r.embedding_row_bytes);
+    whole.kv_bytes_per_token = ranks_share_memory ? whole.kv_bytes_per_token + r.kv_bytes_per_token
+                                                  : std::max(whole.kv_bytes_per_token, r.kv_bytes_per_token);
+  }
+  double weight_bytes = 0;  // the whole model's, all ranks' shards
+  for (const ReadBytes& r : ranks) weight_bytes += r.weight_bytes;
   const std::string device = device_name(*session.backend);
   double bandwidth = 0;
   std::string bandwidth_probe;
@@ -355,22 +512,47 @@ void run_throughput_bench(const ThroughputBenchOptions& f) {
     std::fprintf(stderr, "bench: measuring the streaming-read bandwidth...\n");
     std::tie(bandwidth, bandwidth_probe) = measure_read_bandwidth(*session.backend);
   }
+  // The per-rank bound's all-reduce: a decode step's activation [rows, hidden] (rows padded as a
+  // graph-replayed step pads them), timed on the ranks' own communicators unless given.
+  const int64_t allreduce_rows = offline ? std::max<int64_t>(f.batch, session.model->graph_rows(f.batch)) : 0;
+  const int64_t collectives_per_step = 2 * int64_t(c.num_layers) + 1;
+  double allreduce_s = 0;
+  std::string allreduce_source;
+  if (split && offline) {
+    if (f.allreduce_given) {
+      allreduce_s = f.allreduce_us * 1e-6;
+      allreduce_source = "given (--allreduce-us)";
+    } else {
+      std::fprintf(stderr, "bench: timing the ranks' all-reduce of [%lld, %d]...\n", static_cast<long long>(allreduce_rows),
+                   c.hidden_size);
+      constexpr int kCalls = 20, kRounds = 10;
+      allreduce_s = split->time_all_reduce(allreduce_rows, kCalls, kRounds);
+      allreduce_source = fmt::format("measured before the run: {} all_reduce_sum calls back to back on every rank, "
+                                     "not graph-replayed, rank 0's wall time / calls, the fastest of {} rounds",
+                                     kCalls, kRounds);
+    }
+  }
   // Warm-up (kernel selection, graph capture, first-touch allocations) on an engine of its own:
   // offline, the same batch and prompts with 4 output tokens (other ids: no prefix-cache hits).
   std::fprintf(stderr, "bench: warm-up...\n");
   run_workload(session, options,
                offline ? offline_workload(f.batch, f.input, f.shared_prefix, 4, vocab, f.seed + 1)
                        : offline_workload(1, 16, 0, 4, vocab, 1),
-               kv_bytes_per_token, 0, false);
+               0, false);
   std::fprintf(stderr, "bench: running %zu requests...\n", workload.size());
   const int64_t shared_kv_tokens =
       options.prefix_caching ? int64_t(f.shared_prefix) / options.block_size * options.block_size : 0;
   const double collectives_before = split ? split->seconds_in_collectives() : 0;
-  const RunResult run = run_workload(session, options, workload, kv_bytes_per_token, shared_kv_tokens, true);
+  const RunResult run = run_workload(session, options, workload, shared_kv_tokens, true);
   const double collective_s = split ? split->seconds_in_collectives() - collectives_before : 0;
-  // Split: the same workload on the unsplit model, for the per-rank efficiency.
+  // Split: the N = 1 figure that efficiency compares with: the same workload unsplit, unless
+  // given or declined.
   double reference_tps = 0;
-  if (split) {
+  std::string baseline_source = "none (--no-baseline)";
+  if (split && f.baseline_given) {
+    reference_tps = f.baseline_tokens_per_s;
+    baseline_source = "given (--baseline-tokens-per-s)";
+  } else if (split && !f.no_baseline) {
     ModelFlags unsplit = f.model;
     unsplit.tensor_parallel = 1;
     Session reference(unsplit);
@@ -378,11 +560,12 @@ void run_throughput_bench(const ThroughputBenchOptions& f) {
     run_workload(reference, options,
                  offline ? offline_workload(f.batch, f.input, f.shared_prefix, 4, vocab, f.seed + 1)
                          : offline_workload(1, 16, 0, 4, vocab, 1),
-                 kv_bytes_per_token, 0, false);
-    const RunResult r = run_workload(reference, options, workload, kv_bytes_per_token, shared_kv_tokens, false);
+                 0, false);
+    const RunResult r = run_workload(reference, options, workload, shared_kv_tokens, false);
     int64_t tokens = 0;
     for (const RequestTiming& t : r.requests) tokens += t.generated;
     reference_tps = double(tokens) / r.wall_s;
+    baseline_source = "measured: the same workload and flags unsplit, in this process after the split run";
   }
 
   int64_t prompt_tokens = 0, output_tokens = 0;
@@ -442,29 +625,14 @@ void run_throughput_bench(const ThroughputBenchOptions& f) {
   std::printf("%-26s %12.1f (host: batch, attention plan, upload)\n", "step planning (us/step)", planning_us);
   std::printf("%-26s %12lld (%lld captured)\n", "steps replayed as graphs", static_cast<long long>(run.graphs.replays),
               static_cast<long long>(run.graphs.captures));
-  json tensor_parallel = nullptr;
-  if (split) {
-    const int n = split->world_size();
-    std::printf("tensor parallel: %d ranks; unsplit %.1f output tokens/s: speed-up %.2fx, per-rank efficiency %.1f%%; "
-                "rank 0 in collectives %.2f s (%.1f%% of the wall time)\n",
-                n, reference_tps, output_tps / reference_tps, 100 * output_tps / (n * reference_tps), collective_s,
-                100 * collective_s / run.wall_s);
-    tensor_parallel = {{"ranks", n},
-                       {"unsplit_output_tok_s", reference_tps},
-                       {"speedup", output_tps / reference_tps},
-                       {"per_rank_efficiency", output_tps / (n * reference_tps)},
-                       {"rank0_collective_s", collective_s},
-                       {"collective_fraction_of_wall", collective_s / run.wall_s},
-                       {"efficiency", "output tokens/s split / (ranks x output tokens/s unsplit), same workload "
-                                      "and flags; collective time is rank 0's wait inside all-reduce and "
-                                      "all-gather, the other ranks' late arrival included"}};
-  }
-
   json roofline_json = nullptr;
   if (offline) {
-    const Roofline r = roofline(run.decode_steps, step_weight_bytes, embedding_row_bytes, bandwidth);
-    std::printf("roofline of the %lld decode-only steps (mean batch %.1f), read bandwidth %.1f GB/s measured now:\n",
-                static_cast<long long>(r.steps), r.mean_batch, bandwidth / 1e9);
+    const Roofline r = roofline(run.decode_steps, ranks, ranks_share_memory, bandwidth, 0);
+    std::printf("roofline of the %lld decode-only steps (mean batch %.1f), read bandwidth %.1f GB/s measured now%s:\n",
+                static_cast<long long>(r.steps), r.mean_batch, bandwidth / 1e9,
+                !split                ? ""
+                : ranks_share_memory ? ", every rank's bytes (the ranks share this memory)"
+                                     : ", the largest rank's bytes (one device each), no collectives");
     if (r.steps > 0) {
       std::printf("  measured %.3f ms/step (median %.3f), bound %.3f ms/step (%.1f MB read per step): %.1f%% of "
                   "the roofline, %.1f GB/s achieved\n",
@@ -483,17 +651,24 @@ void run_throughput_bench(const ThroughputBenchOptions& f) {
         {"median_step_ms", 1e3 * r.median_step_s},
         {"bound_step_ms", r.steps ? 1e3 * r.bound_s / double(r.steps) : 0},
         {"bytes_read", r.bytes},
-        {"step_weight_bytes", step_weight_bytes},
-        {"embedding_row_bytes", embedding_row_bytes},
-        {"kv_bytes_per_token", kv_bytes_per_token},
+        {"step_weight_bytes", whole.step_weight_bytes},
+        {"embedding_row_bytes", whole.embedding_row_bytes},
+        {"kv_bytes_per_token", whole.kv_bytes_per_token},
         {"achieved_bytes_per_s", r.measured_s > 0 ? r.bytes / r.measured_s : 0},
         {"read_bandwidth_bytes_per_s", bandwidth},
         {"bandwidth_probe", bandwidth_probe},
         {"bound", "per decode-only step, (weight bytes, of an untied embedding table only the batch's rows, + "
                   "sum over running sequences of context x layers x 2 x kv_heads x head_dim x KV dtype size, the "
-                  "shared prefix's whole blocks counted once) / streaming-read bandwidth; fraction = bound / measured"},
+                  "shared prefix's whole blocks counted once) / streaming-read bandwidth; fraction = bound / measured; "
+                  "split over ranks: every rank's bytes where they share one memory (CPU), else the largest rank's"},
     };
   }
+
+  json tensor_parallel = nullptr;
+  if (split)
+    tensor_parallel = report_tensor_parallel(*split, ranks, run, output_tps, reference_tps, baseline_source, collective_s,
+                                             offline, bandwidth,
+                                             {allreduce_rows, allreduce_s, allreduce_source, collectives_per_step});
 
   if (!f.json_path.empty()) {
     json config = {

@@ -22,6 +22,17 @@ struct ThroughputBenchOptions {
   bool no_prefix_cache = false;
   std::string json_path;
   int beam_width = 0;  // offline: beam searches against independent sequences (beam_search.h)
+  // --tensor-parallel N > 1: the N = 1 output tokens/s that efficiency compares with. Unless one
+  // is given (baseline_given) or none is wanted (no_baseline), the same workload runs unsplit in
+  // the same process after the split run (which a model too large for one device cannot).
+  double baseline_tokens_per_s = 0;
+  bool baseline_given = false;
+  bool no_baseline = false;
+  // --tensor-parallel N > 1, offline: microseconds per all-reduce of a decode step's activation
+  // for the per-rank bound (e.g. `pagoda bench allreduce`'s graph-replayed figure at that size);
+  // unless given, measured on the ranks' communicators before the run.
+  double allreduce_us = 0;
+  bool allreduce_given = false;
   // Which flags were given: --batch, --input or --output choose the offline workload, which then
   // runs every request at once with a KV cache that holds them all unless --max-batch or
   // --kv-memory-mb say otherwise.

@@ -130,7 +130,14 @@ void register_bench_throughput(CLI::App& bench_cmd) {
   cmd->add_option("--json", flags->json_path, "write the results as JSON to this file");
   cmd->add_option("--beam-width", flags->beam_width,
                   "offline: each request a beam search of W beams, against W independent sequences per request");
+  cmd->add_option("--baseline-tokens-per-s", flags->baseline_tokens_per_s,
+                  "--tensor-parallel N: the N = 1 output tokens/s to compare with (default: run the workload unsplit)");
+  cmd->add_flag("--no-baseline", flags->no_baseline, "--tensor-parallel N: no N = 1 run, no efficiency");
+  cmd->add_option("--allreduce-us", flags->allreduce_us,
+                  "--tensor-parallel N: us per all-reduce of a decode step for the per-rank bound (default: timed)");
   cmd->callback([flags, cmd] {
+    flags->baseline_given = cmd->count("--baseline-tokens-per-s") > 0;
+    flags->allreduce_given = cmd->count("--allreduce-us") > 0;
     flags->offline = cmd->count("--batch") + cmd->count("--input") + cmd->count("--output") > 0;
     flags->max_batch_given = cmd->count("--max-batch") > 0;
     flags->kv_memory_given = cmd->count("--kv-memory-mb") > 0;

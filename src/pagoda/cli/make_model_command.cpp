@@ -23,7 +23,7 @@ void register_make_model(CLI::App& app) {
   };
   auto flags = std::make_shared<Flags>();
   CLI::App* cmd = app.add_subcommand("make-model", "write a checkpoint with random weights and a real model's shape");
-  cmd->add_option("--arch", flags->arch, "llama2-7b, llama3-8b, qwen2.5-7b, qwen2.5-14b, or tiny / tiny-qwen2 for tests");
+  cmd->add_option("--arch", flags->arch, "llama2-7b, llama3-8b, llama2-70b, llama3-70b, qwen2.5-7b, qwen2.5-14b, or tiny / tiny-qwen2 for tests");
   cmd->add_option("--layers", flags->layers, "transformer layers (default: the architecture's)");
   cmd->add_option("--dtype", flags->dtype, "weight type: fp16 (default) or bf16");
   cmd->add_option("--seed", flags->seed, "seed of the weights (default 0)");

@@ -25,6 +25,7 @@
 #include "pagoda/core/default_model.h"
 #include "pagoda/core/error.h"
 #include "pagoda/http/server.h"
+#include "pagoda/model/tensor_parallel_model.h"
 #include "pagoda/server/api.h"
 
 namespace pagoda::cli {
@@ -122,6 +123,8 @@ void register_serve(CLI::App& app) {
 
     start_signal_thread();
     Session session(flags->model);
+    if (const auto* split = dynamic_cast<const TensorParallelModel*>(session.model.get()))
+      std::fprintf(stderr, "pagoda serve: tensor parallel: %s\n", split->describe().c_str());
     const ChatTemplate chat_template = choose_chat_template(flags->chat_template, session.tokenizer);
     Engine engine(*session.model, session.tokenizer, session.engine_options);
     const std::string model_id = !flags->served_model_name.empty() ? flags->served_model_name

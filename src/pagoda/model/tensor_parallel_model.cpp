@@ -1,6 +1,7 @@
 #include "pagoda/model/tensor_parallel_model.h"
 
 #include <algorithm>
+#include <vector>
 
 #include "pagoda/core/error.h"
 #include "pagoda/model/shard.h"
@@ -108,6 +109,43 @@ void TensorParallelModel::on_ranks(const std::function<void(int rank)>& job, int
   done_.wait(lock, [&] { return running_ == 0; });
   job_ = nullptr;
   if (failure_) std::rethrow_exception(failure_);
+}
+
+std::string TensorParallelModel::describe() const {
+  if (ranks_[0].backend->device() == Device::kCpu)
+    return fmt::format("{} ranks on the CPU, a thread and a share of the cores each, collectives through shared "
+                       "memory",
+                       world_size());
+  return fmt::format("{} ranks, rank r on GPU r, collectives by NCCL (small all-reduces by the one-shot kernel)",
+                     world_size());
+}
+
+double TensorParallelModel::time_all_reduce(int64_t rows, int calls, int rounds) {
+  if (rows < 1 || calls < 1 || rounds < 1)
+    fail(ErrorKind::kInvalidArgument, "time_all_reduce: {} rows, {} calls, {} rounds", rows, calls, rounds);
+  double seconds = 0;
+  on_ranks([&](int rank) {
+    Backend& backend = *ranks_[size_t(rank)].backend;
+    parallel::Communicator& communicator = *ranks_[size_t(rank)].communicator;
+    const DType dtype = backend.activation_dtype();
+    const int64_t hidden = config().hidden_size;
+    const size_t bytes = size_t(rows * hidden) * dtype_size(dtype);
+    const std::shared_ptr<Backend::Buffer> buffer = backend.allocate(bytes);
+    backend.upload(buffer->data(), std::vector<std::byte>(bytes).data(), bytes);  // zeros stay zeros
+    const Tensor x = Tensor::contiguous(buffer->data(), dtype, {rows, hidden}, backend.device());
+    std::byte sink[16];
+    const size_t sink_bytes = std::min(sizeof(sink), bytes);
+    communicator.all_reduce_sum(x);  // first use (and the ranks meet)
+    backend.download(sink, buffer->data(), sink_bytes);  // waits for the stream
+    for (int round = 0; round < rounds; ++round) {
+      const auto start = std::chrono::steady_clock::now();
+      for (int c = 0; c < calls; ++c) communicator.all_reduce_sum(x);
+      backend.download(sink, buffer->data(), sink_bytes);
+      const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count() / calls;
+      if (rank == 0 && (round == 0 || s < seconds)) seconds = s;
+    }
+  }, world_size());
+  return seconds;
 }
 
 size_t TensorParallelModel::weight_bytes() const {

@@ -37,6 +37,13 @@ class TensorParallelModel final : public StepModel {
   Backend& rank_backend(int rank) { return *ranks_[size_t(rank)].backend; }
   // Seconds rank 0 has spent in collectives (its waits for the others included).
   double seconds_in_collectives() const { return ranks_[0].communicator->seconds_in_collectives(); }
+  // One line for start-up logs: the ranks, where they run, what carries their collectives.
+  std::string describe() const;
+  // Seconds per all_reduce_sum of a [rows, hidden] activation, as the forward pass issues them:
+  // `rounds` of `calls` back to back on every rank after one untimed call, rank 0's wall time over
+  // a round (on a GPU until its stream has run them: launch costs included, as eager steps pay
+  // them) divided by `calls`, the fastest round's (a round the OS preempted a rank in is slower).
+  double time_all_reduce(int64_t rows, int calls, int rounds);
 
   const ModelConfig& config() const override { return ranks_[0].model->config(); }
   size_t weight_bytes() const override;
