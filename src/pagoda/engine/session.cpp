@@ -54,7 +54,31 @@ void parse_kv_cache_flags(const ModelFlags& flags, const ModelConfig& config, co
   if (flags.kv_partition != 32 && flags.kv_partition != 64 && flags.kv_partition != 128)
     fail(ErrorKind::kInvalidArgument, "--kv-partition must be 32, 64 or 128, not {}", flags.kv_partition);
   options.kv_partition = flags.kv_partition;
-  if (flags.kv_rotation == "hadamard" || (flags.kv_rotation == "auto" && options.kv_quant == KvQuant::kInt2)) {
+  const bool int2 = options.kv_quant == KvQuant::kInt2;
+  if (flags.kv_key_dtype == "fp8" || (flags.kv_key_dtype == "auto" && int2)) {
+    options.kv_key_quant = KvQuant::kFp8;
+  } else if (flags.kv_key_dtype != "int2" && flags.kv_key_dtype != "auto") {
+    fail(ErrorKind::kInvalidArgument, "--kv-key-dtype must be auto, int2 or fp8, not '{}'", flags.kv_key_dtype);
+  }
+  if (flags.kv_key_dtype != "auto" && !int2)
+    fail(ErrorKind::kInvalidArgument, "--kv-key-dtype applies to --kv-cache-dtype int2");
+  if (flags.kv_sink_tokens >= 0 && !int2)
+    fail(ErrorKind::kInvalidArgument, "--kv-sink-tokens applies to --kv-cache-dtype int2");
+  if (flags.kv_sink_tokens < -1 || flags.kv_sink_tokens >= flags.kv_partition)
+    fail(ErrorKind::kInvalidArgument, "--kv-sink-tokens must be in [0, {}) (below --kv-partition), not {}",
+         flags.kv_partition, flags.kv_sink_tokens);
+  options.kv_sink_tokens = !int2 ? 0 : flags.kv_sink_tokens < 0 ? 1 : flags.kv_sink_tokens;
+  if (flags.kv_rounding == "stochastic") {
+    options.kv_stochastic_rounding = true;
+  } else if (flags.kv_rounding != "nearest" && flags.kv_rounding != "auto") {
+    fail(ErrorKind::kInvalidArgument, "--kv-rounding must be auto, nearest or stochastic, not '{}'", flags.kv_rounding);
+  }
+  if (flags.kv_rounding != "auto" && !int2)
+    fail(ErrorKind::kInvalidArgument, "--kv-rounding applies to --kv-cache-dtype int2");
+  // The rotation spreads a key's outlier channels over the partition that int2 keys share; fp8
+  // keys have no such shared range.
+  if (flags.kv_rotation == "hadamard" ||
+      (flags.kv_rotation == "auto" && int2 && options.kv_key_quant == KvQuant::kInt2)) {
     options.kv_hadamard = true;
   } else if (flags.kv_rotation != "none" && flags.kv_rotation != "auto") {
     fail(ErrorKind::kInvalidArgument, "--kv-rotation must be auto, none or hadamard, not '{}'", flags.kv_rotation);
