@@ -48,8 +48,7 @@ class QuantizedKvEngine : public ::testing::TestWithParam<Format> {
     return std::make_unique<Model>(*checkpoint_, *backend_,
                                    LoadOptions{.show_progress = false, .kv_quant = GetParam().quant,
                                                .kv_partition = GetParam().partition,
-                                               .kv_hadamard = GetParam().quant == KvQuant::kInt2 &&
-                                                              GetParam().key_quant == KvQuant::kInt2,
+                                               .kv_hadamard = GetParam().quant == KvQuant::kInt2,
                                                .kv_key_quant = GetParam().key_quant,
                                                .kv_sink_tokens = GetParam().sink_tokens});
   }

@@ -75,10 +75,7 @@ void parse_kv_cache_flags(const ModelFlags& flags, const ModelConfig& config, co
   }
   if (flags.kv_rounding != "auto" && !int2)
     fail(ErrorKind::kInvalidArgument, "--kv-rounding applies to --kv-cache-dtype int2");
-  // The rotation spreads a key's outlier channels over the partition that int2 keys share; fp8
-  // keys have no such shared range.
-  if (flags.kv_rotation == "hadamard" ||
-      (flags.kv_rotation == "auto" && int2 && options.kv_key_quant == KvQuant::kInt2)) {
+  if (flags.kv_rotation == "hadamard" || (flags.kv_rotation == "auto" && int2)) {
     options.kv_hadamard = true;
   } else if (flags.kv_rotation != "none" && flags.kv_rotation != "auto") {
     fail(ErrorKind::kInvalidArgument, "--kv-rotation must be auto, none or hadamard, not '{}'", flags.kv_rotation);
