@@ -75,14 +75,18 @@ void parse_kv_cache_flags(const ModelFlags& flags, const ModelConfig& config, co
   }
   if (flags.kv_rounding != "auto" && !int2)
     fail(ErrorKind::kInvalidArgument, "--kv-rounding applies to --kv-cache-dtype int2");
-  if (flags.kv_rotation == "hadamard" || (flags.kv_rotation == "auto" && int2)) {
+  // The rotation spreads a key's outlier channels: a 2-bit partition's range, and fp8's per-token
+  // scale, then fit every channel better. It needs a power-of-two head_dim.
+  const bool power_of_two = (config.head_dim & (config.head_dim - 1)) == 0;
+  if (flags.kv_rotation == "hadamard" ||
+      (flags.kv_rotation == "auto" && options.kv_quant != KvQuant::kNone && power_of_two)) {
     options.kv_hadamard = true;
   } else if (flags.kv_rotation != "none" && flags.kv_rotation != "auto") {
     fail(ErrorKind::kInvalidArgument, "--kv-rotation must be auto, none or hadamard, not '{}'", flags.kv_rotation);
   }
   if (options.kv_hadamard && options.kv_quant == KvQuant::kNone)
     fail(ErrorKind::kInvalidArgument, "--kv-rotation hadamard applies to a quantized cache (--kv-cache-dtype int2 or fp8)");
-  if (options.kv_hadamard && (config.head_dim & (config.head_dim - 1)) != 0)
+  if (options.kv_hadamard && !power_of_two)
     fail(ErrorKind::kInvalidArgument, "--kv-rotation hadamard needs a power-of-two head_dim, not {}", config.head_dim);
   if (options.kv_quant == KvQuant::kInt2 && config.head_dim % flags.kv_partition != 0)
     fail(ErrorKind::kInvalidArgument,
