@@ -556,7 +556,8 @@ class QuantizedKvPool {
             .head_dim = head_dim,
             .quant = kv_cache_dtype == "int2" ? KvQuant::kInt2 : KvQuant::kFp8,
             .partition = partition,
-            .seed = seed};
+            .seed = seed,
+            .stochastic_rounding = true};  // the paper's format, which the GPU kernels also run
   }
 
   Place place_;

@@ -92,7 +92,8 @@ class QuantizedAttentionSteps final : public OpTest {
   kv::KvCacheConfig config(DType dtype) const {
     return {.num_layers = kLayers, .num_blocks = kBlocks, .block_size = shape_.block_size,
             .num_kv_heads = shape_.num_kv_heads, .head_dim = shape_.head_dim, .dtype = dtype,
-            .layout = KvLayout::kHnd, .quant = quant_, .partition = 64, .seed = 0x5eed, .hadamard = hadamard_};
+            .layout = KvLayout::kHnd, .quant = quant_, .partition = 64, .seed = 0x5eed,
+            .hadamard = hadamard_, .stochastic_rounding = true};
   }
   int64_t q_width() const { return int64_t(shape_.num_q_heads) * shape_.head_dim; }
   int64_t kv_width() const { return int64_t(shape_.num_kv_heads) * shape_.head_dim; }

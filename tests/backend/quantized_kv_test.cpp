@@ -77,7 +77,8 @@ TEST(Uint8Quantize, NearestWithinHalfAStepAndZerosStayZero) {
 }
 
 kv::KvCacheConfig config(KvQuant quant, int32_t partition, int32_t block_size, int32_t head_dim = 64,
-                         int32_t kv_heads = 2, int32_t blocks = 8) {
+                         int32_t kv_heads = 2, int32_t blocks = 8, KvQuant key_quant = KvQuant::kInt2,
+                         int32_t sink_tokens = 0) {
   return {.num_layers = 1,
           .num_blocks = blocks,
           .block_size = block_size,
@@ -85,7 +86,9 @@ kv::KvCacheConfig config(KvQuant quant, int32_t partition, int32_t block_size, i
           .head_dim = head_dim,
           .dtype = DType::kF16,
           .quant = quant,
-          .partition = partition};
+          .partition = partition,
+          .key_quant = key_quant,
+          .sink_tokens = sink_tokens};
 }
 
 TEST(QuantizedKvCache, RefusesPartitionsThatDoNotFit) {
@@ -94,6 +97,22 @@ TEST(QuantizedKvCache, RefusesPartitionsThatDoNotFit) {
   EXPECT_THROW(QuantizedKvCache(config(KvQuant::kInt2, 48, 48, 96)), Error);    // not 32, 64 or 128
   EXPECT_NO_THROW(QuantizedKvCache(config(KvQuant::kInt2, 32, 64, 64)));
   EXPECT_NO_THROW(QuantizedKvCache(config(KvQuant::kFp8, 64, 16, 64)));
+  EXPECT_THROW(QuantizedKvCache(config(KvQuant::kInt2, 32, 64, 64, 2, 8, KvQuant::kInt2, 32)), Error);  // sinks >= Π
+  EXPECT_THROW(QuantizedKvCache(config(KvQuant::kInt2, 32, 64, 64, 2, 8, KvQuant::kNone)), Error);
+  EXPECT_THROW(QuantizedKvCache(config(KvQuant::kFp8, 64, 16, 64, 2, 8, KvQuant::kInt2, 1)), Error);  // int2 only
+  EXPECT_NO_THROW(QuantizedKvCache(config(KvQuant::kInt2, 32, 64, 64, 2, 8, KvQuant::kFp8, 31)));
+}
+
+TEST(Int2Quantize, NearestRoundingHandComputed) {
+  // min 0, scale 1 (both exact in f16): halves round down, the rest to the nearest code.
+  const std::vector<float> x{0.f, 3.f, 0.4f, 0.6f, 1.5f, 2.51f, 1.49f, 2.f};
+  std::vector<uint8_t> codes(x.size());
+  Int2Params params{};
+  const int32_t sum = quantize_int2(x.data(), 1, int32_t(x.size()), 0, 0, 1, codes.data(), params, false);
+  EXPECT_EQ(codes, (std::vector<uint8_t>{0, 3, 0, 1, 1, 3, 1, 2}));
+  EXPECT_EQ(sum, 11);
+  EXPECT_EQ(f16_to_f32(params.min.bits), 0.f);
+  EXPECT_EQ(f16_to_f32(params.scale.bits), 1.f);
 }
 
 TEST(QuantizedKvCache, BytesPerTokenOfInt2AtPartition64AreAtMost17PercentOfF16) {
@@ -105,6 +124,11 @@ TEST(QuantizedKvCache, BytesPerTokenOfInt2AtPartition64AreAtMost17PercentOfF16) 
   EXPECT_LE(double(kv_block_head_bytes(KvQuant::kInt2, 2, 64, 64, 64)) / double(kv_block_head_bytes(KvQuant::kNone, 2, 64, 64, 64)), 0.17);
   const QuantizedKvCache cache(config(KvQuant::kInt2, 64, 64, 128, 2, 8));
   EXPECT_GE(cache.nbytes(), size_t(int2 * 2 * 8));  // the arena holds at least the counted bytes
+  // fp8 keys beside int2 values: K 64 + 4 (e4m3 and an f32 scale), V 16 + 64 x 5 / 64, against 256.
+  const int64_t fp8_keys = kv_block_head_bytes(KvQuant::kInt2, 2, 64, 64, 64, KvQuant::kFp8);
+  EXPECT_EQ(fp8_keys, 64 * (68 + 21));
+  const QuantizedKvCache mixed(config(KvQuant::kInt2, 64, 64, 64, 2, 8, KvQuant::kFp8));
+  EXPECT_GE(mixed.nbytes(), size_t(fp8_keys * 2 * 8));
 }
 
 // A sequence of `length` tokens of K and V [length, heads, dim] in blocks 0, 1, ...
@@ -156,8 +180,21 @@ void dequantize(const QuantizedPagedKv& kv, int32_t head, std::span<const int32_
       }
       continue;
     }
+    if (t < kv.sink_tokens) {  // the sinks' f16 copies
+      const int64_t at = kv.sink_slot[blocks[0]] * kv.sink_slot_stride() + head * kv.sink_head() + int64_t(t) * dim;
+      for (int32_t d = 0; d < dim; ++d) {
+        k[size_t(t * dim + d)] = f16_to_f32(kv.sink_k[at + d].bits);
+        v[size_t(t * dim + d)] = f16_to_f32(kv.sink_v[at + d].bits);
+      }
+      continue;
+    }
+    if (kv.fp8_keys()) {
+      const int64_t at = block * kv.k_codes_block() + head * kv.k_codes_head() + slot * dim;
+      const float scale = kv.k_fp8_scale[block * kv.fp8_scale_block() + head * kv.fp8_scale_head() + slot];
+      for (int32_t d = 0; d < dim; ++d) k[size_t(t * dim + d)] = double(scale) * e4m3_to_f32(kv.k_codes[at + d]);
+    }
     const uint8_t* kc = kv.k_codes + block * kv.k_codes_block() + head * kv.k_codes_head() + slot * (dim / 4);
-    for (int32_t d = 0; d < dim; ++d) {
+    for (int32_t d = 0; d < dim && !kv.fp8_keys(); ++d) {
       const int64_t m = block * kv.k_meta_block() + head * kv.k_meta_head() + slot * kv.k_parts() + d / kv.partition;
       k[size_t(t * dim + d)] = f16_to_f32(kv.k_min[m].bits) + double(f16_to_f32(kv.k_scale[m].bits)) * int2_code(kc, d);
     }
@@ -299,7 +336,7 @@ Reference reference(const QuantizedPagedKv& kv, int32_t head, std::span<const in
   dequantize(kv, head, blocks, length, k, v);
   const int32_t dim = kv.head_dim, part = kv.quant == KvQuant::kInt2 ? kv.partition : dim;
   std::vector<double> q_hat(q, q + dim);
-  if (kv.quant == KvQuant::kInt2) {
+  if (!kv.fp8_keys()) {
     std::vector<uint8_t> codes(static_cast<size_t>(part));
     for (int32_t p = 0; p < dim / part; ++p) {
       Uint8Params params;
@@ -312,8 +349,9 @@ Reference reference(const QuantizedPagedKv& kv, int32_t head, std::span<const in
   for (int32_t t = 0; t < length; ++t) {
     double abs = 0;
     for (int32_t d = 0; d < dim; ++d) {
-      s[size_t(t)] += q_hat[size_t(d)] * k[size_t(t * dim + d)];
-      abs += std::fabs(q_hat[size_t(d)] * k[size_t(t * dim + d)]);
+      const double qd = t < kv.sink_tokens ? double(q[d]) : q_hat[size_t(d)];  // sinks meet q unquantized
+      s[size_t(t)] += qd * k[size_t(t * dim + d)];
+      abs += std::fabs(qd * k[size_t(t * dim + d)]);
     }
     s[size_t(t)] *= scale;
     delta[size_t(t)] = 1e-5 * (1 + abs * scale);
@@ -332,8 +370,10 @@ Reference reference(const QuantizedPagedKv& kv, int32_t head, std::span<const in
   for (size_t j = 0; j < p_step.size(); ++j) {
     double lo = 1e300, hi = 0;
     const auto end = std::min<int64_t>(int64_t(j + 1) * kv.partition, length);
-    for (int64_t t = int64_t(j) * kv.partition; t < end; ++t) lo = std::min(lo, s[size_t(t)]), hi = std::max(hi, s[size_t(t)]);
-    if (end - int64_t(j) * kv.partition < kv.partition) lo = 0;  // masked tokens weigh 0
+    for (int64_t t = std::max<int64_t>(int64_t(j) * kv.partition, kv.sink_tokens); t < end; ++t)
+      lo = std::min(lo, s[size_t(t)]), hi = std::max(hi, s[size_t(t)]);
+    // Masked tokens, and sinks (weighted apart, in fp32), weigh 0 in the 8-bit product.
+    if (end - int64_t(j) * kv.partition < kv.partition || (j == 0 && kv.sink_tokens > 0)) lo = 0;
     p_step[j] = (hi * widen - lo / widen) / 255;
   }
   for (int32_t c = 0; c < dim; ++c) {
@@ -341,7 +381,8 @@ Reference reference(const QuantizedPagedKv& kv, int32_t head, std::span<const in
     for (int32_t t = 0; t < length; ++t) {
       ref.out[size_t(c)] += s[size_t(t)] / sum * v[size_t(t * dim + c)];
       weighted_abs += s[size_t(t)] / sum * std::fabs(v[size_t(t * dim + c)]);
-      if (kv.quant == KvQuant::kInt2) p_error += p_step[size_t(t / kv.partition)] / 2 * std::fabs(v[size_t(t * dim + c)]);
+      if (kv.quant == KvQuant::kInt2 && t >= kv.sink_tokens)
+        p_error += p_step[size_t(t / kv.partition)] / 2 * std::fabs(v[size_t(t * dim + c)]);
     }
     // The sum divided by is of the perturbed numerators: within exp(+-delta) of sum.
     ref.bound[size_t(c)] = (std::exp(2 * max_delta) - 1) * weighted_abs + p_error * widen / sum + 1e-5 * (1 + weighted_abs);
@@ -349,12 +390,19 @@ Reference reference(const QuantizedPagedKv& kv, int32_t head, std::span<const in
   return ref;
 }
 
-class QuantizedAttentionFormats : public ::testing::TestWithParam<std::pair<KvQuant, int32_t>> {};
+struct Format {
+  KvQuant quant;
+  int32_t partition;
+  KvQuant key_quant = KvQuant::kInt2;
+  int32_t sink_tokens = 0;
+};
+
+class QuantizedAttentionFormats : public ::testing::TestWithParam<Format> {};
 
 TEST_P(QuantizedAttentionFormats, DecodeAndPrefillMatchExactAttentionOnDequantizedKv) {
-  const auto [quant, partition] = GetParam();
+  const auto [quant, partition, key_quant, sink_tokens] = GetParam();
   const int32_t dim = 64, kv_heads = 2, group = 3, block = 64;
-  QuantizedKvCache cache(config(quant, partition, block, dim, kv_heads, 8));
+  QuantizedKvCache cache(config(quant, partition, block, dim, kv_heads, 8, key_quant, sink_tokens));
   const int32_t length = 2 * block + partition + 9;  // a sealed-partition run, then an open tail
   const Sequence s = write_random(cache, length, 11, {5, 1, 6, 2});
   const QuantizedPagedKv kv = cache.layer(0);
@@ -400,11 +448,71 @@ TEST_P(QuantizedAttentionFormats, DecodeAndPrefillMatchExactAttentionOnDequantiz
 }
 
 INSTANTIATE_TEST_SUITE_P(Formats, QuantizedAttentionFormats,
-                         ::testing::Values(std::pair{KvQuant::kInt2, 32}, std::pair{KvQuant::kInt2, 64},
-                                           std::pair{KvQuant::kFp8, 64}),
+                         ::testing::Values(Format{KvQuant::kInt2, 32}, Format{KvQuant::kInt2, 64},
+                                           Format{KvQuant::kFp8, 64}, Format{KvQuant::kInt2, 64, KvQuant::kFp8},
+                                           Format{KvQuant::kInt2, 32, KvQuant::kInt2, 3},
+                                           Format{KvQuant::kInt2, 64, KvQuant::kFp8, 1}),
                          [](const auto& info) {
-                           return std::string(kv_quant_name(info.param.first)) + "_" + std::to_string(info.param.second);
+                           return std::string(kv_quant_name(info.param.quant)) + "_" +
+                                  std::to_string(info.param.partition) +
+                                  (info.param.key_quant == KvQuant::kFp8 ? "_fp8_keys" : "") +
+                                  (info.param.sink_tokens > 0 ? "_sinks" + std::to_string(info.param.sink_tokens) : "");
                          });
+
+// Sink tokens are the f16 of what was written, whatever the chunking; they do not widen the
+// first V partition's range (an outlier sink leaves the other tokens' step as it was); a copy of
+// the first block carries them; the block written again from a later position gives its slot up.
+TEST(QuantizedKvCache, SinkTokensAreStoredInF16AndLeaveTheirPartitionsRange) {
+  const int32_t sinks = 3;
+  QuantizedKvCache cache(config(KvQuant::kInt2, 32, 64, 64, 2, 8, KvQuant::kInt2, sinks));
+  QuantizedKvCache plain(config(KvQuant::kInt2, 32, 64, 64, 2, 8));
+  std::mt19937 rng(4);
+  std::normal_distribution<float> normal;
+  std::vector<float> k(size_t(40) * 2 * 64), v(k.size());
+  for (float& x : k) x = normal(rng);
+  for (float& x : v) x = normal(rng);
+  for (int32_t i = 0; i < sinks * 2 * 64; ++i) v[size_t(i)] = 100.f;  // the sinks' values: outliers
+  std::vector<float> v_plain = v;  // the same tokens, without the outliers, in a cache without sinks
+  for (int32_t i = 0; i < sinks * 2 * 64; ++i) v_plain[size_t(i)] = v[size_t(sinks * 2 * 64 + i % 128)];
+  const std::vector<int32_t> blocks{3};
+  for (int32_t start = 0; start < 40; start += 7) {
+    const int32_t n = std::min(7, 40 - start);
+    cache.write(0, blocks, start, rows(k, start, n, 2, 64), rows(v, start, n, 2, 64));
+    plain.write(0, blocks, start, rows(k, start, n, 2, 64), rows(v_plain, start, n, 2, 64));
+  }
+  const QuantizedPagedKv kv = cache.layer(0);
+  ASSERT_GE(kv.sink_slot[3], 0);
+  for (int32_t t = 0; t < sinks; ++t)
+    for (int32_t h = 0; h < 2; ++h)
+      for (int32_t d = 0; d < 64; ++d) {
+        const int64_t at = kv.sink_slot[3] * kv.sink_slot_stride() + h * kv.sink_head() + t * 64 + d;
+        ASSERT_EQ(kv.sink_k[at].bits, f32_to_f16(k[size_t((t * 2 + h) * 64 + d)]));
+        ASSERT_EQ(kv.sink_v[at].bits, f32_to_f16(100.f));
+      }
+  // The first partition (sealed at token 32) is quantized as if the sinks were the token after them.
+  const QuantizedPagedKv ref = plain.layer(0);
+  ASSERT_EQ(kv.sealed[3], 1);
+  for (int32_t h = 0; h < 2; ++h)
+    for (int32_t c = 0; c < 64; ++c) {  // partition 0 of each head (partition 1 is still in the tail)
+      const int64_t i = 3 * kv.v_meta_block() + h * kv.v_meta_head() + c;
+      ASSERT_EQ(kv.v_min[i].bits, ref.v_min[i].bits) << h << " " << c;
+      ASSERT_EQ(kv.v_scale[i].bits, ref.v_scale[i].bits) << h << " " << c;
+    }
+  cache.copy_block(3, 6);
+  const QuantizedPagedKv copied = cache.layer(0);
+  ASSERT_GE(copied.sink_slot[6], 0);
+  EXPECT_NE(copied.sink_slot[6], copied.sink_slot[3]);
+  for (int64_t i = 0; i < copied.sink_slot_stride(); ++i) {
+    ASSERT_EQ(copied.sink_k[copied.sink_slot[6] * copied.sink_slot_stride() + i].bits,
+              copied.sink_k[copied.sink_slot[3] * copied.sink_slot_stride() + i].bits);
+    ASSERT_EQ(copied.sink_v[copied.sink_slot[6] * copied.sink_slot_stride() + i].bits,
+              copied.sink_v[copied.sink_slot[3] * copied.sink_slot_stride() + i].bits);
+  }
+  // Block 3 handed to another sequence as its second block: no sinks there any more.
+  cache.write(0, std::vector<int32_t>{0, 3}, 64, rows(k, 0, 1, 2, 64), rows(v, 0, 1, 2, 64));
+  EXPECT_EQ(cache.layer(0).sink_slot[3], -1);
+  EXPECT_GE(cache.layer(0).sink_slot[6], 0);
+}
 
 // Copy on write of a partial block (its tail included), then the copy grows until its partition seals:
 // it reads exactly what a cache that wrote it alone reads, since rounding depends on positions only,

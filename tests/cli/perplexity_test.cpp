@@ -75,6 +75,17 @@ TEST(PerplexityCommand, KvCacheFlagsRefusedWithOneLine) {
   expect_pagoda_error("generate -p hi --kv-partition 48", "--kv-partition must be 32, 64 or 128");
   expect_pagoda_error("generate -p hi --kv-cache-dtype int2 --kv-partition 128",
                       "--kv-partition 128 does not divide the model's head_dim 64");
+  expect_pagoda_error("generate -p hi --kv-key-dtype fp8", "--kv-key-dtype applies to --kv-cache-dtype int2");
+  expect_pagoda_error("generate -p hi --kv-cache-dtype int2 --kv-key-dtype int4",
+                      "--kv-key-dtype must be auto, int2 or fp8, not 'int4'");
+  expect_pagoda_error("generate -p hi --kv-cache-dtype int2 --kv-sink-tokens 64",
+                      "--kv-sink-tokens must be in [0, 64) (below --kv-partition), not 64");
+  expect_pagoda_error("generate -p hi --kv-cache-dtype int2 --kv-sink-tokens -2", "--kv-sink-tokens must be in [0, 64)");
+  expect_pagoda_error("generate -p hi --kv-cache-dtype fp8 --kv-sink-tokens 1",
+                      "--kv-sink-tokens applies to --kv-cache-dtype int2");
+  expect_pagoda_error("generate -p hi --kv-cache-dtype int2 --kv-rounding up",
+                      "--kv-rounding must be auto, nearest or stochastic, not 'up'");
+  expect_pagoda_error("generate -p hi --kv-rounding nearest", "--kv-rounding applies to --kv-cache-dtype int2");
   expect_pagoda_error("perplexity -f /nonexistent/text.txt", "cannot read");
   expect_pagoda_error("perplexity -f " + kText + " -c 4096", "fewer than one window");
 }

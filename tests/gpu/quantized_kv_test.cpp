@@ -40,7 +40,7 @@ TEST_P(QuantizedKvBytes, EqualTheCpuCacheByteForByte) {
   const kv::KvCacheConfig config{.num_layers = layers, .num_blocks = num_blocks, .block_size = bs,
                                  .num_kv_heads = kv_heads, .head_dim = d, .dtype = DType::kF16,
                                  .layout = KvLayout::kHnd, .quant = f.quant, .partition = 64, .seed = 99,
-                                 .hadamard = f.hadamard};
+                                 .hadamard = f.hadamard, .stochastic_rounding = true};
   CudaBackend gpu(DType::kF16, CudaBackendOptions{.graphs = false});
   gpu.allocate_kv_cache(config);
   cpu::QuantizedKvCache cpu(config);

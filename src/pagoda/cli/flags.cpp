@@ -21,7 +21,15 @@ void add_model_flags(CLI::App& app, ModelFlags& flags) {
                  "int2 KV: elements per quantization partition, 32, 64 or 128 (default 64); it must divide head_dim");
   app.add_option("--kv-rotation", flags.kv_rotation,
                  "quantized KV: rotate keys and queries by a randomized Hadamard transform before keys are stored: "
-                 "auto (default: hadamard under int2), none or hadamard");
+                 "auto (default: hadamard under int2 and fp8 when head_dim is a power of two), none or hadamard");
+  app.add_option("--kv-key-dtype", flags.kv_key_dtype,
+                 "int2 KV: the keys' format, auto (default: fp8), int2 (the 2-bit format for K too) or fp8 (e4m3, "
+                 "one scale per token)");
+  app.add_option("--kv-sink-tokens", flags.kv_sink_tokens,
+                 "int2 KV: a sequence's first tokens (attention sinks) also kept in f16 (default 1; below "
+                 "--kv-partition)");
+  app.add_option("--kv-rounding", flags.kv_rounding,
+                 "int2 KV: how values round to codes, auto (default: nearest), nearest or stochastic (the paper's)");
   app.add_flag("--enforce-eager", flags.enforce_eager,
                "on the GPU, launch every op at every step instead of replaying decode steps as CUDA graphs");
   app.add_option("-t,--threads", flags.threads, "CPU threads (default: all cores)");

@@ -123,6 +123,12 @@ void register_perplexity(CLI::App& app) {
                           {"scored_tokens", position},
                           {"kv_cache_dtype", f.model.kv_cache_dtype},
                           {"kv_partition", f.model.kv_partition},
+                          {"kv_rotation", f.model.kv_rotation},
+                          {"kv_key_dtype", f.model.kv_key_dtype},
+                          {"kv_sink_tokens", f.model.kv_sink_tokens},
+                          {"kv_rounding", f.model.kv_rounding},
+                          // Per token, all layers and kv heads; an int2 cache's tail and sinks excluded.
+                          {"kv_bytes_per_token", double(model.kv_block_bytes(block_size)) / block_size},
                           {"perplexity", ppl},
                           {"seconds", seconds}};
     if (!f.kl_base.empty()) {

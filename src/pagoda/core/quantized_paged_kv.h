@@ -16,6 +16,11 @@
 //     sealed[block]    V partitions of the block already quantized (the others are not valid)
 //     tail_slot[block] the slot of the partition being filled, or -1
 //     tail     [slot][head][Π][D] f16
+//   The first `sink_tokens` tokens of a sequence (attention sinks) are also kept in f16, in a sink
+//   slot of the sequence's first block, and attention reads them from there:
+//     sink_slot[block] the slot of a block that holds a sequence's first tokens, or -1
+//     sink_k, sink_v [slot][head][sink_tokens][D] f16
+//   key_quant kFp8 keeps V as above but stores K as an fp8 pool does (below).
 // fp8 (e4m3, saturating at ±448): k_codes, v_codes [block][head][token][D] one byte each, and
 //   k_fp8_scale, v_fp8_scale [block][head][token] f32: x ~ scale * e4m3(code).
 #pragma once
@@ -36,16 +41,17 @@ inline const char* kv_quant_name(KvQuant q) {
 inline int32_t int2_sum_bytes(int32_t partition) { return partition <= 64 ? 1 : 2; }
 
 // Bytes one block of one kv head takes in one layer, K and V, data and metadata (an int2 pool's
-// tail slots excluded). element_bytes: of the unquantized pool (kNone).
+// tail and sink slots excluded). element_bytes: of the unquantized pool (kNone). key_quant: of an
+// int2 pool's keys (kInt2 or kFp8).
 inline int64_t kv_block_head_bytes(KvQuant quant, int32_t element_bytes, int32_t head_dim, int32_t partition,
-                                   int32_t block_size) {
+                                   int32_t block_size, KvQuant key_quant = KvQuant::kInt2) {
   const int64_t d = head_dim, b = block_size;
   switch (quant) {
     case KvQuant::kNone: return 2 * b * d * element_bytes;
     case KvQuant::kFp8: return 2 * b * (d + 4);
     case KvQuant::kInt2: {
       const int64_t meta = 4 + int2_sum_bytes(partition);  // f16 min, f16 scale, sum
-      const int64_t k = b * (d / 4 + (d / partition) * meta);
+      const int64_t k = key_quant == KvQuant::kFp8 ? b * (d + 4) : b * (d / 4 + (d / partition) * meta);
       const int64_t v = b * d / 4 + (b / partition) * d * meta;
       return k + v;
     }
@@ -60,6 +66,8 @@ struct QuantizedPagedKv {
   int32_t num_kv_heads = 0;
   int32_t head_dim = 0;
   int32_t partition = 64;  // Π (int2)
+  KvQuant key_quant = KvQuant::kInt2;  // int2: kInt2, or kFp8 for fp8 keys beside int2 values
+  int32_t sink_tokens = 0;             // int2: a sequence's first tokens also kept in f16
 
   uint8_t* k_codes = nullptr;
   uint8_t* v_codes = nullptr;
@@ -73,6 +81,9 @@ struct QuantizedPagedKv {
   int32_t* sealed = nullptr;
   int32_t* tail_slot = nullptr;
   f16* tail = nullptr;
+  int32_t* sink_slot = nullptr;
+  f16* sink_k = nullptr;
+  f16* sink_v = nullptr;
   // fp8
   float* k_fp8_scale = nullptr;
   float* v_fp8_scale = nullptr;
@@ -81,9 +92,11 @@ struct QuantizedPagedKv {
   int32_t v_parts() const { return block_size / partition; }  // V partitions per block
   int32_t sum_bytes() const { return int2_sum_bytes(partition); }
   int32_t code_bytes_per_row() const { return quant == KvQuant::kInt2 ? head_dim / 4 : head_dim; }
+  bool fp8_keys() const { return quant == KvQuant::kFp8 || key_quant == KvQuant::kFp8; }
+  int32_t k_code_bytes_per_row() const { return fp8_keys() ? head_dim : head_dim / 4; }
 
   // Strides, in elements of each array, of one block and of one head within it.
-  int64_t k_codes_head() const { return int64_t(block_size) * code_bytes_per_row(); }
+  int64_t k_codes_head() const { return int64_t(block_size) * k_code_bytes_per_row(); }
   int64_t k_codes_block() const { return num_kv_heads * k_codes_head(); }
   int64_t k_meta_head() const { return int64_t(block_size) * k_parts(); }  // k_min, k_scale, k_sums (x S)
   int64_t k_meta_block() const { return num_kv_heads * k_meta_head(); }
@@ -97,6 +110,8 @@ struct QuantizedPagedKv {
   int64_t fp8_scale_block() const { return int64_t(num_kv_heads) * block_size; }
   int64_t tail_head() const { return int64_t(partition) * head_dim; }
   int64_t tail_slot_stride() const { return num_kv_heads * tail_head(); }
+  int64_t sink_head() const { return int64_t(sink_tokens) * head_dim; }
+  int64_t sink_slot_stride() const { return num_kv_heads * sink_head(); }
 };
 
 }  // namespace pagoda

@@ -57,14 +57,43 @@ void parse_kv_cache_flags(const ModelFlags& flags, const ModelConfig& config, co
   if (flags.kv_partition != 32 && flags.kv_partition != 64 && flags.kv_partition != 128)
     fail(ErrorKind::kInvalidArgument, "--kv-partition must be 32, 64 or 128, not {}", flags.kv_partition);
   options.kv_partition = flags.kv_partition;
-  if (flags.kv_rotation == "hadamard" || (flags.kv_rotation == "auto" && options.kv_quant == KvQuant::kInt2)) {
+  const bool int2 = options.kv_quant == KvQuant::kInt2;
+  // auto picks, for int2, the remedies measured best (docs/experiments/kv-quantization.md) where the
+  // backend runs them: on the CPU fp8 keys, one f16 sink token and nearest rounding; the GPU's
+  // kernels run the paper's format (int2 keys, stochastic rounding, no sink).
+  const bool cuda = backend.device() == Device::kCuda;
+  if (flags.kv_key_dtype == "fp8" || (flags.kv_key_dtype == "auto" && int2 && !cuda)) {
+    options.kv_key_quant = KvQuant::kFp8;
+  } else if (flags.kv_key_dtype != "int2" && flags.kv_key_dtype != "auto") {
+    fail(ErrorKind::kInvalidArgument, "--kv-key-dtype must be auto, int2 or fp8, not '{}'", flags.kv_key_dtype);
+  }
+  if (flags.kv_key_dtype != "auto" && !int2)
+    fail(ErrorKind::kInvalidArgument, "--kv-key-dtype applies to --kv-cache-dtype int2");
+  if (flags.kv_sink_tokens >= 0 && !int2)
+    fail(ErrorKind::kInvalidArgument, "--kv-sink-tokens applies to --kv-cache-dtype int2");
+  if (flags.kv_sink_tokens < -1 || flags.kv_sink_tokens >= flags.kv_partition)
+    fail(ErrorKind::kInvalidArgument, "--kv-sink-tokens must be in [0, {}) (below --kv-partition), not {}",
+         flags.kv_partition, flags.kv_sink_tokens);
+  options.kv_sink_tokens = !int2 ? 0 : flags.kv_sink_tokens >= 0 ? flags.kv_sink_tokens : cuda ? 0 : 1;
+  if (flags.kv_rounding == "stochastic" || (flags.kv_rounding == "auto" && cuda)) {
+    options.kv_stochastic_rounding = true;
+  } else if (flags.kv_rounding != "nearest" && flags.kv_rounding != "auto") {
+    fail(ErrorKind::kInvalidArgument, "--kv-rounding must be auto, nearest or stochastic, not '{}'", flags.kv_rounding);
+  }
+  if (flags.kv_rounding != "auto" && !int2)
+    fail(ErrorKind::kInvalidArgument, "--kv-rounding applies to --kv-cache-dtype int2");
+  // The rotation spreads a key's outlier channels: a 2-bit partition's range, and fp8's per-token
+  // scale, then fit every channel better. It needs a power-of-two head_dim.
+  const bool power_of_two = (config.head_dim & (config.head_dim - 1)) == 0;
+  if (flags.kv_rotation == "hadamard" ||
+      (flags.kv_rotation == "auto" && options.kv_quant != KvQuant::kNone && power_of_two)) {
     options.kv_hadamard = true;
   } else if (flags.kv_rotation != "none" && flags.kv_rotation != "auto") {
     fail(ErrorKind::kInvalidArgument, "--kv-rotation must be auto, none or hadamard, not '{}'", flags.kv_rotation);
   }
   if (options.kv_hadamard && options.kv_quant == KvQuant::kNone)
     fail(ErrorKind::kInvalidArgument, "--kv-rotation hadamard applies to a quantized cache (--kv-cache-dtype int2 or fp8)");
-  if (options.kv_hadamard && (config.head_dim & (config.head_dim - 1)) != 0)
+  if (options.kv_hadamard && !power_of_two)
     fail(ErrorKind::kInvalidArgument, "--kv-rotation hadamard needs a power-of-two head_dim, not {}", config.head_dim);
   if (options.kv_quant == KvQuant::kInt2 && config.head_dim % flags.kv_partition != 0)
     fail(ErrorKind::kInvalidArgument,
@@ -78,6 +107,10 @@ void parse_kv_cache_flags(const ModelFlags& flags, const ModelConfig& config, co
     if (options.kv_quant == KvQuant::kInt2 && flags.kv_partition != 64)
       fail(ErrorKind::kUnsupported, "--kv-cache-dtype int2: the CUDA backend's int2 kernels take --kv-partition 64, not {}",
            flags.kv_partition);
+    if (int2 && (options.kv_key_quant != KvQuant::kInt2 || options.kv_sink_tokens != 0 || !options.kv_stochastic_rounding))
+      fail(ErrorKind::kUnsupported,
+           "--kv-cache-dtype int2: the CUDA backend's int2 kernels take int2 keys, stochastic rounding and no sink "
+           "tokens (--kv-key-dtype int2 --kv-rounding stochastic --kv-sink-tokens 0, the defaults there)");
     if (options.kv_dtype && *options.kv_dtype != weight_dtype)
       fail(ErrorKind::kUnsupported, "--kv-cache-dtype {}: the CUDA backend keeps KV in its activation dtype, {}", name,
            dtype_name(weight_dtype));

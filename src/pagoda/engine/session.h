@@ -23,7 +23,10 @@ struct ModelFlags {
   std::string attention = "auto";     // auto, paged or prefix (LoadOptions::Attention)
   std::string kv_cache_dtype = "auto";  // auto, f16, bf16, fp8 or int2 (LoadOptions::kv_dtype, kv_quant)
   int kv_partition = 64;                // int2's partition Π: 32, 64 or 128
-  std::string kv_rotation = "auto";     // auto (hadamard under int2), none or hadamard
+  std::string kv_rotation = "auto";     // auto (hadamard under int2 and fp8), none or hadamard
+  std::string kv_key_dtype = "auto";    // int2's keys: auto (fp8), int2 or fp8
+  int kv_sink_tokens = -1;              // int2: first tokens kept in f16; -1: auto (1)
+  std::string kv_rounding = "auto";     // int2: auto (nearest), nearest or stochastic
   bool enforce_eager = false;         // the GPU launches every op at every step: no CUDA graphs
   int threads = 0;   // 0: all cores
   int tensor_parallel = 1;  // ranks the model is split over (model/tensor_parallel_model.h)

@@ -27,6 +27,12 @@ struct KvCacheConfig {
   // Keys (and the queries that meet them) are rotated by a randomized Hadamard transform before
   // they are stored (backend/cpu/hadamard.h): scores are unchanged, outlier channels spread out.
   bool hadamard = false;
+  bool stochastic_rounding = false;  // int2: stochastic (the paper's) or nearest rounding
+  // int2: kInt2, or kFp8 to store keys in fp8 beside int2 values (2-bit keys cost this model's
+  // accuracy most; docs/experiments/kv-quantization.md).
+  KvQuant key_quant = KvQuant::kInt2;
+  // int2: a sequence's first tokens (attention sinks) also kept in f16, at most partition - 1.
+  int32_t sink_tokens = 0;
 };
 
 }  // namespace pagoda::kv

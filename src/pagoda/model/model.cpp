@@ -41,7 +41,10 @@ Model::Model(const Checkpoint& checkpoint, Backend& backend, const LoadOptions& 
       kv_dtype_(options.kv_quant != KvQuant::kNone ? DType::kF16 : options.kv_dtype.value_or(backend.activation_dtype())),
       kv_quant_(options.kv_quant),
       kv_partition_(options.kv_partition),
-      kv_hadamard_(options.kv_hadamard) {}
+      kv_hadamard_(options.kv_hadamard),
+      kv_key_quant_(options.kv_key_quant),
+      kv_sink_tokens_(options.kv_sink_tokens),
+      kv_stochastic_rounding_(options.kv_stochastic_rounding) {}
 
 attention::AttentionShape Model::attention_shape() const {
   return {.num_q_heads = local_.num_q_heads,
@@ -59,7 +62,8 @@ size_t Model::weight_bytes() const {
 
 size_t Model::kv_block_bytes(int32_t block_size) const {
   return size_t(config_.num_layers) * size_t(local_.num_kv_heads) *
-         size_t(kv_block_head_bytes(kv_quant_, int32_t(dtype_size(kv_dtype_)), config_.head_dim, kv_partition_, block_size));
+         size_t(kv_block_head_bytes(kv_quant_, int32_t(dtype_size(kv_dtype_)), config_.head_dim, kv_partition_, block_size,
+                                                kv_key_quant_));
 }
 
 size_t Model::allocate_kv_cache(int32_t num_blocks, int32_t block_size) {
@@ -86,7 +90,10 @@ size_t Model::allocate_kv_cache(int32_t num_blocks, int32_t block_size) {
                                                       .layout = KvLayout::kHnd,
                                                       .quant = kv_quant_,
                                                       .partition = kv_partition_,
-                                                      .hadamard = kv_hadamard_});
+                                                      .hadamard = kv_hadamard_,
+                                                      .stochastic_rounding = kv_stochastic_rounding_,
+                                                      .key_quant = kv_key_quant_,
+                                                      .sink_tokens = kv_sink_tokens_});
 }
 
 void Model::reserve(int64_t rows, int64_t logit_rows) {

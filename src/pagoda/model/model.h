@@ -105,6 +105,9 @@ class Model final : public StepModel {
   KvQuant kv_quant_;
   int32_t kv_partition_;
   bool kv_hadamard_;
+  KvQuant kv_key_quant_;
+  int32_t kv_sink_tokens_;
+  bool kv_stochastic_rounding_;
   // Made with the KV cache when decode steps may attend prefix-aware; it keeps the last step's
   // plan, so a step whose sequences only grew updates it instead of planning anew.
   std::optional<attention::PrefixPlanner> prefix_planner_;

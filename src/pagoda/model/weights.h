@@ -55,6 +55,10 @@ struct LoadOptions {
   KvQuant kv_quant = KvQuant::kNone;
   int32_t kv_partition = 64;
   bool kv_hadamard = false;  // rotate keys and queries before a quantized cache stores keys
+  // int2 only: the keys' format (kInt2 or kFp8), the first tokens kept in f16, the rounding.
+  KvQuant kv_key_quant = KvQuant::kInt2;
+  int32_t kv_sink_tokens = 0;
+  bool kv_stochastic_rounding = false;
 };
 
 // Loads the weights, or (shard.world_size > 1) only a tensor-parallel rank's shard of them

@@ -26,7 +26,7 @@ uint64_t kv_stream(uint64_t seed, int32_t layer, int32_t kind, int32_t head) {
 }
 
 int32_t quantize_int2(const float* x, int64_t stride, int32_t n, uint64_t stream, uint64_t index0,
-                      uint64_t index_stride, uint8_t* codes, Int2Params& params) {
+                      uint64_t index_stride, uint8_t* codes, Int2Params& params, bool stochastic) {
   float lo = x[0], hi = x[0];
   for (int32_t i = 1; i < n; ++i) {
     lo = std::min(lo, x[i * stride]);
@@ -43,7 +43,7 @@ int32_t quantize_int2(const float* x, int64_t stride, int32_t n, uint64_t stream
       const float ratio = (x[i * stride] - min) / scale;
       const float t = ratio > 0.f ? std::min(ratio, 3.f) : 0.f;
       const float floor_t = std::floor(t);
-      const float u = stochastic_uniform(stream, index0 + uint64_t(i) * index_stride);
+      const float u = stochastic ? stochastic_uniform(stream, index0 + uint64_t(i) * index_stride) : 0.5f;
       code = std::clamp(int32_t(floor_t) + (u < t - floor_t ? 1 : 0), 0, 3);
     }
     codes[i] = uint8_t(code);

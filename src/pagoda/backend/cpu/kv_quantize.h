@@ -21,15 +21,16 @@ float stochastic_uniform(uint64_t stream, uint64_t index);
 uint64_t kv_stream(uint64_t seed, int32_t layer, int32_t kind, int32_t head);
 
 // Quantizes n values x[i * stride] to 2-bit codes: min and scale are rounded to f16 first and the
-// codes are of the rounded pair, so min + scale * code is what attention reconstructs. Element i
-// rounds up with probability frac((x - min) / scale), drawn as stochastic_uniform(stream, index0
-// + i * index_stride). Returns the sum of the codes.
+// codes are of the rounded pair, so min + scale * code is what attention reconstructs. Stochastic:
+// element i rounds up with probability frac((x - min) / scale), drawn as stochastic_uniform(stream,
+// index0 + i * index_stride): unbiased, but its error variance is up to three times nearest
+// rounding's. Otherwise to the nearest code (halves down). Returns the sum of the codes.
 struct Int2Params {
   f16 min;
   f16 scale;
 };
 int32_t quantize_int2(const float* x, int64_t stride, int32_t n, uint64_t stream, uint64_t index0,
-                      uint64_t index_stride, uint8_t* codes, Int2Params& params);
+                      uint64_t index_stride, uint8_t* codes, Int2Params& params, bool stochastic = true);
 
 // Code i (0..3) of a packed run (4 codes a byte, code i in bits 2 (i % 4)).
 inline uint8_t int2_code(const uint8_t* packed, int64_t i) { return (packed[i >> 2] >> ((i & 3) * 2)) & 3; }

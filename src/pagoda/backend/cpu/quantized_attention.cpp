@@ -21,6 +21,18 @@ int32_t load_sum(const uint8_t* sums, int64_t index, int32_t sum_bytes) {
 
 float to_f32(f16 x) { return f16_to_f32(x.bits); }
 
+// The f16 copy of sink token t (< sink_tokens) of one kv head: K or V.
+const f16* sink_row(const QuantizedPagedKv& kv, const f16* sinks, int32_t head, std::span<const int32_t> blocks,
+                    int32_t t) {
+  const int32_t slot = kv.sink_slot[blocks[0]];
+  if (slot < 0) fail(ErrorKind::kInternal, "int2 KV: block {} holds no sink tokens", blocks[0]);
+  return sinks + int64_t(slot) * kv.sink_slot_stride() + head * kv.sink_head() + int64_t(t) * kv.head_dim;
+}
+
+int32_t sinks_in(const QuantizedPagedKv& kv, int32_t length) {
+  return kv.quant == KvQuant::kInt2 ? std::min(kv.sink_tokens, length) : 0;
+}
+
 void check_blocks(const QuantizedPagedKv& kv, std::span<const int32_t> blocks, int32_t length) {
   if (length < 0 || int64_t(blocks.size()) * kv.block_size < length)
     fail(ErrorKind::kInvalidArgument, "quantized attention: {} tokens in {} blocks of {}", length, blocks.size(),
@@ -91,8 +103,10 @@ void int2_weighted_values(const QuantizedPagedKv& kv, int32_t head, std::span<co
       continue;
     }
     // Tokens past `length` weigh 0: they make the partition's min 0 and their codes 0, exactly.
+    // So do the sinks, which are weighted below in fp32 on their f16 copies.
+    const int32_t sinks = t0 == 0 ? sinks_in(kv, length) : 0;
     for (int32_t r = 0; r < rows; ++r) {
-      for (int32_t i = 0; i < part; ++i) p_part[size_t(i)] = i < valid ? p[int64_t(r) * length + t0 + i] : 0.f;
+      for (int32_t i = 0; i < part; ++i) p_part[size_t(i)] = i < valid && i >= sinks ? p[int64_t(r) * length + t0 + i] : 0.f;
       p_sums[size_t(r)] = quantize_uint8(p_part.data(), part, p_codes.data() + int64_t(r) * part, p_params[size_t(r)]);
     }
     const int64_t meta = block * kv.v_meta_block() + head * kv.v_meta_head() + int64_t(index) * dim;
@@ -111,6 +125,13 @@ void int2_weighted_values(const QuantizedPagedKv& kv, int32_t head, std::span<co
                                      v_min * pp.scale * float(p_sums[size_t(r)]) + pp.scale * v_scale * float(dot);
       }
     }
+    for (int32_t i = 0; i < sinks; ++i) {
+      const f16* v = sink_row(kv, kv.sink_v, head, blocks, i);
+      for (int32_t r = 0; r < rows; ++r) {
+        const float w = p[int64_t(r) * length + i];
+        for (int32_t c = 0; c < dim; ++c) out[int64_t(r) * dim + c] += w * to_f32(v[c]);
+      }
+    }
   }
 }
 
@@ -127,13 +148,25 @@ void fp8_row(const QuantizedPagedKv& kv, const uint8_t* codes, const float* scal
 void quantized_scores(const QuantizedPagedKv& kv, int32_t kv_head, std::span<const int32_t> blocks, int32_t length,
                       const float* q, int32_t rows, float* scores) {
   check_blocks(kv, blocks, length);
-  if (kv.quant == KvQuant::kInt2) return int2_scores(kv, kv_head, blocks, length, q, rows, scores);
-  std::vector<float> k(size_t(kv.head_dim));
-  for (int32_t t = 0; t < length; ++t) {
-    fp8_row(kv, kv.k_codes, kv.k_fp8_scale, kv_head, blocks[size_t(t / kv.block_size)], t % kv.block_size, k.data());
+  if (!kv.fp8_keys()) {
+    int2_scores(kv, kv_head, blocks, length, q, rows, scores);
+  } else {
+    std::vector<float> k(size_t(kv.head_dim));
+    for (int32_t t = 0; t < length; ++t) {
+      fp8_row(kv, kv.k_codes, kv.k_fp8_scale, kv_head, blocks[size_t(t / kv.block_size)], t % kv.block_size, k.data());
+      for (int32_t r = 0; r < rows; ++r) {
+        float s = 0.f;
+        for (int32_t d = 0; d < kv.head_dim; ++d) s += q[int64_t(r) * kv.head_dim + d] * k[size_t(d)];
+        scores[int64_t(r) * length + t] = s;
+      }
+    }
+  }
+  // Sink tokens: the f16 keys against the unquantized queries.
+  for (int32_t t = 0; t < sinks_in(kv, length); ++t) {
+    const f16* k = sink_row(kv, kv.sink_k, kv_head, blocks, t);
     for (int32_t r = 0; r < rows; ++r) {
       float s = 0.f;
-      for (int32_t d = 0; d < kv.head_dim; ++d) s += q[int64_t(r) * kv.head_dim + d] * k[size_t(d)];
+      for (int32_t d = 0; d < kv.head_dim; ++d) s += q[int64_t(r) * kv.head_dim + d] * to_f32(k[d]);
       scores[int64_t(r) * length + t] = s;
     }
   }

@@ -49,28 +49,38 @@ QuantizedKvCache::QuantizedKvCache(const kv::KvCacheConfig& config) : config_(co
     if (c.block_size % c.partition != 0)
       fail(ErrorKind::kInvalidArgument, "int2 KV: partition {} does not divide the block size {}", c.partition,
            c.block_size);
+    if (c.key_quant != KvQuant::kInt2 && c.key_quant != KvQuant::kFp8)
+      fail(ErrorKind::kInvalidArgument, "int2 KV: keys must be int2 or fp8, not {}", kv_quant_name(c.key_quant));
+    // The sinks lie in the first V partition, which must keep a token to quantize.
+    if (c.sink_tokens < 0 || c.sink_tokens >= c.partition)
+      fail(ErrorKind::kInvalidArgument, "int2 KV: {} sink tokens outside [0, {})", c.sink_tokens, c.partition);
+  } else if (c.key_quant != KvQuant::kInt2 || c.sink_tokens != 0) {
+    fail(ErrorKind::kInvalidArgument, "fp8 keys beside int2 values and sink tokens apply to an int2 KV cache");
   }
   QuantizedPagedKv shape{.quant = c.quant,
                          .num_blocks = c.num_blocks,
                          .block_size = c.block_size,
                          .num_kv_heads = c.num_kv_heads,
                          .head_dim = c.head_dim,
-                         .partition = c.partition};
+                         .partition = c.partition,
+                         .key_quant = c.quant == KvQuant::kInt2 ? c.key_quant : KvQuant::kInt2,
+                         .sink_tokens = c.sink_tokens};
   const size_t blocks = size_t(c.num_blocks);
   // One arena per layer: the arrays one after another, each on a cache line.
   const size_t k_codes = round_up(blocks * size_t(shape.k_codes_block()));
   const size_t v_codes = round_up(blocks * size_t(shape.v_codes_block()));
   size_t layer_bytes = k_codes + v_codes;
-  size_t k_meta = 0, v_meta = 0, fp8_scales = 0;
+  size_t k_meta = 0, v_meta = 0, fp8_scales = blocks * size_t(shape.fp8_scale_block());
   if (c.quant == KvQuant::kInt2) {
-    k_meta = blocks * size_t(shape.k_meta_block());
+    if (!shape.fp8_keys()) {
+      k_meta = blocks * size_t(shape.k_meta_block());
+      layer_bytes += 2 * round_up(k_meta * 2) + round_up(k_meta * size_t(shape.sum_bytes()));
+    }
     v_meta = blocks * size_t(shape.v_meta_block());
-    layer_bytes += 2 * round_up(k_meta * 2) + round_up(k_meta * size_t(shape.sum_bytes())) + 2 * round_up(v_meta * 2) +
-                   round_up(v_meta * size_t(shape.sum_bytes()));
-  } else {
-    fp8_scales = blocks * size_t(shape.fp8_scale_block());
-    layer_bytes += 2 * round_up(fp8_scales * sizeof(float));
+    layer_bytes += 2 * round_up(v_meta * 2) + round_up(v_meta * size_t(shape.sum_bytes()));
   }
+  if (shape.fp8_keys()) layer_bytes += round_up(fp8_scales * sizeof(float));
+  if (c.quant == KvQuant::kFp8) layer_bytes += round_up(fp8_scales * sizeof(float));
   layers_.resize(size_t(c.num_layers));
   for (Layer& layer : layers_) {
     // Not zeroed, as KvCache: attention reads only what was written.
@@ -84,17 +94,21 @@ QuantizedKvCache::QuantizedKvCache(const kv::KvCacheConfig& config) : config_(co
     layer.view = shape;
     layer.view.k_codes = take(k_codes);
     layer.view.v_codes = take(v_codes);
-    if (c.quant == KvQuant::kInt2) {
+    if (shape.fp8_keys()) {
+      layer.view.k_fp8_scale = reinterpret_cast<float*>(take(fp8_scales * sizeof(float)));
+    } else {
       layer.view.k_min = reinterpret_cast<f16*>(take(k_meta * 2));
       layer.view.k_scale = reinterpret_cast<f16*>(take(k_meta * 2));
       layer.view.k_sums = take(k_meta * size_t(shape.sum_bytes()));
+    }
+    if (c.quant == KvQuant::kInt2) {
       layer.view.v_min = reinterpret_cast<f16*>(take(v_meta * 2));
       layer.view.v_scale = reinterpret_cast<f16*>(take(v_meta * 2));
       layer.view.v_sums = take(v_meta * size_t(shape.sum_bytes()));
       layer.sealed.assign(blocks, 0);
       layer.tail_slot.assign(blocks, -1);
+      layer.sink_slot.assign(blocks, -1);
     } else {
-      layer.view.k_fp8_scale = reinterpret_cast<float*>(take(fp8_scales * sizeof(float)));
       layer.view.v_fp8_scale = reinterpret_cast<float*>(take(fp8_scales * sizeof(float)));
     }
   }
@@ -111,6 +125,9 @@ QuantizedPagedKv QuantizedKvCache::layer(int32_t index) const {
     view.sealed = const_cast<int32_t*>(layer.sealed.data());
     view.tail_slot = const_cast<int32_t*>(layer.tail_slot.data());
     view.tail = const_cast<f16*>(layer.tail.data());
+    view.sink_slot = const_cast<int32_t*>(layer.sink_slot.data());
+    view.sink_k = const_cast<f16*>(layer.sink_k.data());
+    view.sink_v = const_cast<f16*>(layer.sink_v.data());
   }
   return view;
 }
@@ -129,6 +146,28 @@ int32_t QuantizedKvCache::acquire_tail_slot(Layer& layer, int32_t block) {
   return slot;
 }
 
+int32_t QuantizedKvCache::acquire_sink_slot(Layer& layer, int32_t block) {
+  int32_t& slot = layer.sink_slot[size_t(block)];
+  if (slot >= 0) return slot;
+  if (!layer.free_sink_slots.empty()) {
+    slot = layer.free_sink_slots.back();
+    layer.free_sink_slots.pop_back();
+  } else {
+    const int64_t stride = layer.view.sink_slot_stride();
+    slot = int32_t(int64_t(layer.sink_k.size()) / stride);
+    layer.sink_k.resize(layer.sink_k.size() + size_t(stride));
+    layer.sink_v.resize(layer.sink_v.size() + size_t(stride));
+  }
+  return slot;
+}
+
+void QuantizedKvCache::release_sink_slot(Layer& layer, int32_t block) {
+  int32_t& slot = layer.sink_slot[size_t(block)];
+  if (slot < 0) return;
+  layer.free_sink_slots.push_back(slot);
+  slot = -1;
+}
+
 void QuantizedKvCache::release_tail_slot(Layer& layer, int32_t block) {
   int32_t& slot = layer.tail_slot[size_t(block)];
   if (slot < 0) return;
@@ -140,9 +179,32 @@ void QuantizedKvCache::write_int2_token(int32_t layer_index, Layer& layer, int32
                                         const float* k, const float* v) {
   const QuantizedPagedKv& kv = layer.view;
   const int32_t part = kv.partition, dim = kv.head_dim, sum_bytes = kv.sum_bytes();
+  const bool stochastic = config_.stochastic_rounding;
   std::vector<uint8_t> codes(size_t(std::max(part, dim)));
+  // The sinks: a block whose first token is written at position 0 holds a sequence's first tokens;
+  // one written from a later position (a block handed out again) no longer does.
+  if (kv.sink_tokens > 0 && slot == 0) {
+    if (pos == 0) {
+      acquire_sink_slot(layer, block);
+    } else {
+      release_sink_slot(layer, block);
+    }
+  }
+  if (pos < kv.sink_tokens) {
+    const int32_t sink = layer.sink_slot[size_t(block)];
+    if (sink < 0 || slot != pos)
+      fail(ErrorKind::kInternal, "int2 KV: sink token {} written before its sequence's first token", pos);
+    for (int32_t h = 0; h < kv.num_kv_heads; ++h) {
+      const int64_t at = int64_t(sink) * kv.sink_slot_stride() + h * kv.sink_head() + int64_t(pos) * dim;
+      for (int32_t d = 0; d < dim; ++d) {
+        layer.sink_k[size_t(at + d)] = f16{f32_to_f16(k[int64_t(h) * dim + d])};
+        layer.sink_v[size_t(at + d)] = f16{f32_to_f16(v[int64_t(h) * dim + d])};
+      }
+    }
+  }
+  if (kv.fp8_keys()) write_fp8_keys(layer, block, slot, k);
   // K: each partition of the key is complete now.
-  for (int32_t h = 0; h < kv.num_kv_heads; ++h) {
+  for (int32_t h = 0; h < kv.num_kv_heads && !kv.fp8_keys(); ++h) {
     const float* row = k + int64_t(h) * dim;
     const uint64_t stream = kv_stream(config_.seed, layer_index, 0, h);
     uint8_t* packed = kv.k_codes + block * kv.k_codes_block() + h * kv.k_codes_head() + int64_t(slot) * (dim / 4);
@@ -150,7 +212,7 @@ void QuantizedKvCache::write_int2_token(int32_t layer_index, Layer& layer, int32
     for (int32_t p = 0; p < kv.k_parts(); ++p) {
       Int2Params params{};
       const int32_t sum = quantize_int2(row + p * part, 1, part, stream, uint64_t(pos) * uint64_t(dim) + uint64_t(p * part),
-                                        1, codes.data(), params);
+                                        1, codes.data(), params, stochastic);
       pack_int2(codes.data(), part, packed + p * part / 4);
       kv.k_min[meta + p] = params.min;
       kv.k_scale[meta + p] = params.scale;
@@ -177,13 +239,17 @@ void QuantizedKvCache::write_int2_token(int32_t layer_index, Layer& layer, int32
   for (int32_t h = 0; h < kv.num_kv_heads; ++h) {
     const f16* rows = tail + h * kv.tail_head();
     for (int64_t i = 0; i < int64_t(part) * dim; ++i) column[size_t(i)] = f16_to_f32(rows[i].bits);
+    // Sinks are read from their f16 copy; their values, often far from the others', must not widen
+    // the partition's range: they are quantized as copies of the first token after them.
+    for (int32_t i = 0; first_pos + i < kv.sink_tokens; ++i)
+      std::copy_n(column.begin() + int64_t(kv.sink_tokens - first_pos) * dim, dim, column.begin() + int64_t(i) * dim);
     const uint64_t stream = kv_stream(config_.seed, layer_index, 1, h);
     const int64_t meta = block * kv.v_meta_block() + h * kv.v_meta_head() + int64_t(partition_index) * dim;
     for (int32_t c = 0; c < dim; ++c) {
       Int2Params params{};
       const int32_t sum = quantize_int2(column.data() + c, dim, part, stream,
                                         uint64_t(first_pos) * uint64_t(dim) + uint64_t(c), uint64_t(dim), codes.data(),
-                                        params);
+                                        params, stochastic);
       uint8_t* packed = kv.v_codes + block * kv.v_codes_block() + h * kv.v_codes_head() +
                         int64_t(c) * (kv.block_size / 4) + partition_index * part / 4;
       pack_int2(codes.data(), part, packed);
@@ -196,21 +262,33 @@ void QuantizedKvCache::write_int2_token(int32_t layer_index, Layer& layer, int32
   if (partition_index + 1 == kv.v_parts()) release_tail_slot(layer, block);
 }
 
+namespace {
+
+// One row of dim values as e4m3 codes with one scale, amax / 448.
+void store_fp8_row(const float* row, int32_t dim, uint8_t* codes, float* scale) {
+  float amax = 0.f;
+  for (int32_t d = 0; d < dim; ++d) amax = std::max(amax, std::fabs(row[d]));
+  *scale = amax / 448.f;
+  for (int32_t d = 0; d < dim; ++d) codes[d] = *scale > 0.f ? f32_to_e4m3(row[d] / *scale) : 0;
+}
+
+}  // namespace
+
+void QuantizedKvCache::write_fp8_keys(Layer& layer, int32_t block, int32_t slot, const float* k) {
+  const QuantizedPagedKv& kv = layer.view;
+  const int32_t dim = kv.head_dim;
+  for (int32_t h = 0; h < kv.num_kv_heads; ++h)
+    store_fp8_row(k + int64_t(h) * dim, dim, kv.k_codes + block * kv.k_codes_block() + h * kv.k_codes_head() + int64_t(slot) * dim,
+                  kv.k_fp8_scale + block * kv.fp8_scale_block() + h * kv.fp8_scale_head() + slot);
+}
+
 void QuantizedKvCache::write_fp8_token(Layer& layer, int32_t block, int32_t slot, const float* k, const float* v) {
   const QuantizedPagedKv& kv = layer.view;
   const int32_t dim = kv.head_dim;
-  auto store = [&](const float* row, uint8_t* codes, float* scale) {
-    float amax = 0.f;
-    for (int32_t d = 0; d < dim; ++d) amax = std::max(amax, std::fabs(row[d]));
-    *scale = amax / 448.f;
-    for (int32_t d = 0; d < dim; ++d) codes[d] = *scale > 0.f ? f32_to_e4m3(row[d] / *scale) : 0;
-  };
-  for (int32_t h = 0; h < kv.num_kv_heads; ++h) {
-    const int64_t code_at = block * kv.k_codes_block() + h * kv.k_codes_head() + int64_t(slot) * dim;
-    const int64_t scale_at = block * kv.fp8_scale_block() + h * kv.fp8_scale_head() + slot;
-    store(k + int64_t(h) * dim, kv.k_codes + code_at, kv.k_fp8_scale + scale_at);
-    store(v + int64_t(h) * dim, kv.v_codes + code_at, kv.v_fp8_scale + scale_at);
-  }
+  write_fp8_keys(layer, block, slot, k);
+  for (int32_t h = 0; h < kv.num_kv_heads; ++h)
+    store_fp8_row(v + int64_t(h) * dim, dim, kv.v_codes + block * kv.v_codes_block() + h * kv.v_codes_head() + int64_t(slot) * dim,
+                  kv.v_fp8_scale + block * kv.fp8_scale_block() + h * kv.fp8_scale_head() + slot);
 }
 
 void QuantizedKvCache::write(int32_t layer_index, std::span<const int32_t> block_ids, int32_t start_pos,
@@ -253,14 +331,25 @@ void QuantizedKvCache::copy_block(int32_t src, int32_t dst) {
     };
     copy(kv.k_codes, kv.k_codes_block(), 1);
     copy(kv.v_codes, kv.v_codes_block(), 1);
-    if (config_.quant == KvQuant::kFp8) {
+    if (kv.fp8_keys()) {
       copy(kv.k_fp8_scale, kv.fp8_scale_block(), sizeof(float));
+    } else {
+      copy(kv.k_min, kv.k_meta_block(), 2);
+      copy(kv.k_scale, kv.k_meta_block(), 2);
+      copy(kv.k_sums, kv.k_meta_block(), size_t(kv.sum_bytes()));
+    }
+    if (config_.quant == KvQuant::kFp8) {
       copy(kv.v_fp8_scale, kv.fp8_scale_block(), sizeof(float));
       continue;
     }
-    copy(kv.k_min, kv.k_meta_block(), 2);
-    copy(kv.k_scale, kv.k_meta_block(), 2);
-    copy(kv.k_sums, kv.k_meta_block(), size_t(kv.sum_bytes()));
+    if (layer.sink_slot[size_t(src)] < 0) {
+      release_sink_slot(layer, dst);
+    } else {
+      const int32_t from = layer.sink_slot[size_t(src)], to = acquire_sink_slot(layer, dst);
+      const int64_t stride = kv.sink_slot_stride();
+      std::copy_n(layer.sink_k.begin() + from * stride, stride, layer.sink_k.begin() + to * stride);
+      std::copy_n(layer.sink_v.begin() + from * stride, stride, layer.sink_v.begin() + to * stride);
+    }
     copy(kv.v_min, kv.v_meta_block(), 2);
     copy(kv.v_scale, kv.v_meta_block(), 2);
     copy(kv.v_sums, kv.v_meta_block(), size_t(kv.sum_bytes()));

@@ -6,7 +6,10 @@
 // token arrives; until then its tokens wait in f16 in a tail slot of the block. A block takes a
 // slot when its partition's first token is written (keeping the one it had: a freed block that
 // is reused starts at a partition boundary) and gives it back when its last partition seals, so
-// the slots in use are about one per sequence in flight, not one per block.
+// the slots in use are about one per sequence in flight, not one per block. Sink tokens (the
+// first config.sink_tokens of a sequence) are kept in f16 in a sink slot of the block that holds
+// position 0, taken when position 0 is written and given back when the block is written again
+// from a later position.
 #pragma once
 
 #include <cstddef>
@@ -63,7 +66,12 @@ class QuantizedKvCache {
     QuantizedPagedKv view;  // its tail fields are set by layer()
     std::vector<int32_t> sealed, tail_slot, free_slots;
     std::vector<f16> tail;
+    std::vector<int32_t> sink_slot, free_sink_slots;
+    std::vector<f16> sink_k, sink_v;
   };
+  int32_t acquire_sink_slot(Layer& layer, int32_t block);
+  void release_sink_slot(Layer& layer, int32_t block);
+  void write_fp8_keys(Layer& layer, int32_t block, int32_t slot, const float* k);
   int32_t acquire_tail_slot(Layer& layer, int32_t block);
   void release_tail_slot(Layer& layer, int32_t block);
   void write_int2_token(int32_t layer_index, Layer& layer, int32_t block, int32_t slot, int32_t pos,

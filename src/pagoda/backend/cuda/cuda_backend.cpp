@@ -250,6 +250,10 @@ size_t CudaBackend::allocate_quantized_kv_cache(const kv::KvCacheConfig& config)
                                         .head_dim = config.head_dim, .block_size = config.block_size};
   if (const char* reason = cuda::quantized_kv_unsupported_reason(shape, config.quant, config.partition, dtype_))
     fail(ErrorKind::kUnsupported, "cuda backend: {} KV cache: {}", kv_quant_name(config.quant), reason);
+  if (config.quant == KvQuant::kInt2 &&
+      (config.key_quant != KvQuant::kInt2 || config.sink_tokens != 0 || !config.stochastic_rounding))
+    fail(ErrorKind::kUnsupported, "cuda backend: int2 KV cache: the kernels take int2 keys, stochastic rounding and no "
+                                  "sink tokens");
   kv_storage_.reset();
   kv_layers_.clear();
   kv_maps_.clear();
