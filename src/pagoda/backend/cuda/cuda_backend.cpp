@@ -5,7 +5,6 @@
 #include <cstring>
 
 #include "pagoda/backend/cuda/check.h"
-#include "pagoda/backend/cuda/gemv.h"
 #include "pagoda/backend/cuda/layer_ops.h"
 #include "pagoda/core/error.h"
 
@@ -154,11 +153,6 @@ void CudaBackend::matmul(const Tensor& x, const Tensor& w, const Tensor* bias, T
       out.size(0) != x.size(0))
     fail(ErrorKind::kInternal, "cuda matmul: {} @ {}^T -> {}", x.shape_string(), w.shape_string(), out.shape_string());
   if (x.size(0) == 0) return;
-  if (cuda::gemv_supported(x.size(0), w.size(1), dtype_, out.dtype, x.data, w.data)) {
-    cuda::gemv(x.data, w.data, bias ? bias->data : nullptr, out.data, x.size(0), w.size(0), w.size(1), dtype_, out.dtype,
-         stream_);
-    return;
-  }
   gemm_.run(x.data, w.data, bias ? bias->data : nullptr, out.data, x.size(0), w.size(0), w.size(1), dtype_, out.dtype,
             stream_, /*tune=*/graph_rows_ > 0);
 }

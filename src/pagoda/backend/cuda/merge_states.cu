@@ -71,7 +71,6 @@ __global__ void __launch_bounds__(kWarps * 32, 4)
   // Launched early (programmatic dependent launch): the task, uploaded before either grid, is
   // read while the partials' grid finishes; the partials only once it has.
   ptx::wait_prerequisite_grid();
-  ptx::launch_dependents();  // the o projection's GEMV may start loading its weights (gemv.h)
 
   // The warp's partials of its row, from `part` on: a step of warps_per_row partials.
   const int64_t step = int64_t(warps_per_row) * group;

@@ -61,7 +61,6 @@ template <typename T>
 __global__ void __launch_bounds__(kRowThreads)
     rms_norm_kernel(const T* __restrict__ x, const int32_t* __restrict__ rows, const T* __restrict__ weight,
                     float eps, int64_t hidden, T* __restrict__ out) {
-  ptx::launch_dependents();  // a GEMV after it may start loading its weights (gemv.h)
   const int64_t row = rows ? rows[blockIdx.x] : blockIdx.x;
   const uint4* in = reinterpret_cast<const uint4*>(x + row * hidden);
   const uint4* w = reinterpret_cast<const uint4*>(weight);
@@ -93,7 +92,6 @@ template <typename T>
 __global__ void __launch_bounds__(kRowThreads)
     add_rms_norm_kernel(T* residual, const T* delta, const T* __restrict__ weight, float eps, int64_t hidden,
                         T* out) {
-  ptx::launch_dependents();  // a GEMV after it may start loading its weights (gemv.h)
   const int64_t offset = int64_t(blockIdx.x) * hidden;
   uint4* res = reinterpret_cast<uint4*>(residual + offset);
   const uint4* add = reinterpret_cast<const uint4*>(delta + offset);
@@ -142,7 +140,6 @@ __global__ void __launch_bounds__(kFlatThreads) add_kernel(uint4* __restrict__ x
 template <typename T>
 __global__ void __launch_bounds__(kFlatThreads)
     silu_mul_kernel(const T* __restrict__ gate_up, int64_t width, int64_t vectors, T* __restrict__ out) {
-  ptx::launch_dependents();  // a GEMV after it may start loading its weights (gemv.h)
   const int64_t vectors_per_row = width / kVector;
   for (int64_t v = int64_t(blockIdx.x) * kFlatThreads + threadIdx.x; v < vectors; v += int64_t(gridDim.x) * kFlatThreads) {
     const int64_t row = v / vectors_per_row;
