@@ -231,15 +231,17 @@ class KvStorageOnTheWire(unittest.TestCase):
         # decode server fills and seals at its 8th token.
         prompts = {n: self.token_prompt(n, seed) for n, seed in ((128, 1), (120, 2))}
         for dtype in ("f16", "fp8", "int2"):
+            # int2 travels in the paper's form: 2-bit keys, no f16 sink tokens (which pages do not carry).
+            kv = ["--kv-cache-dtype", dtype] + (["--kv-key-dtype", "int2", "--kv-sink-tokens", "0"] if dtype == "int2" else [])
             with self.subTest(dtype=dtype):
                 # The reference: a colocated server that computes each prompt whole, as the prefill
                 # server does (a prefix-cache hit would compute it in two chunks, whose rounding
                 # differs: int2 turns that into other tokens).
-                with h.PagodaServer(BINARY, "--kv-cache-dtype", dtype) as colocated:
+                with h.PagodaServer(BINARY, *kv) as colocated:
                     expected = {n: self.complete_ids(colocated, prompt) for n, prompt in prompts.items()}
-                prefill = prefill_server("--peer-port", 0, "--kv-cache-dtype", dtype)
+                prefill = prefill_server("--peer-port", 0, *kv)
                 self.addCleanup(prefill.stop)
-                with h.PagodaServer(BINARY, "--role", "decode", "--peer-key", KEY, "--kv-cache-dtype", dtype,
+                with h.PagodaServer(BINARY, "--role", "decode", "--peer-key", KEY, *kv,
                                     "--prefill", f"127.0.0.1:{prefill.peer_port}") as decode:
                     self.assertTrue(h.wait_for_metrics(
                         decode, lambda m: m.get('pagoda_disagg_peers_connected{role="decode"}') == 1)[1],

@@ -4,6 +4,7 @@
 
 #include "pagoda/bench/allreduce.h"
 #include "pagoda/bench/attention.h"
+#include "pagoda/bench/decode_profile.h"
 #include "pagoda/bench/generate.h"
 #include "pagoda/bench/kv_transfer.h"
 #include "pagoda/bench/prefix_attention.h"
@@ -169,6 +170,20 @@ void register_bench_kv_transfer(CLI::App& bench_cmd) {
   cmd->callback([flags] { bench::run_kv_transfer_bench(*flags); });
 }
 
+void register_bench_profile(CLI::App& bench_cmd) {
+  auto flags = std::make_shared<bench::ProfileBenchOptions>();
+  CLI::App* cmd = bench_cmd.add_subcommand(
+      "profile", "a decode step op by op: time, bytes, FLOPs, fraction of each op's bound, gaps, graph-replayed step");
+  add_model_flags(*cmd, flags->model);
+  cmd->add_option("--batches", flags->batches, "decode batch sizes, comma-separated")->delimiter(',')->capture_default_str();
+  cmd->add_option("--context", flags->context, "prompt tokens of every sequence")->capture_default_str();
+  cmd->add_option("--steps", flags->steps, "graph-replayed steps timed per batch")->capture_default_str();
+  cmd->add_option("--profile-steps", flags->profile_steps, "steps profiled op by op per batch")->capture_default_str();
+  cmd->add_option("--json", flags->json_path, "write the results as JSON to this file");
+  cmd->add_option("--markdown", flags->markdown_path, "write the tables as markdown to this file");
+  cmd->callback([flags] { bench::run_profile_bench(*flags); });
+}
+
 }  // namespace
 
 void register_bench(CLI::App& app) {
@@ -190,6 +205,7 @@ void register_bench(CLI::App& app) {
   register_bench_throughput(*bench_cmd);
   register_bench_allreduce(*bench_cmd);
   register_bench_kv_transfer(*bench_cmd);
+  register_bench_profile(*bench_cmd);
 }
 
 }  // namespace pagoda::cli

@@ -2,6 +2,7 @@
 
 #include <fmt/format.h>
 
+#include "pagoda/core/error.h"
 #include "pagoda/core/fnv1a.h"
 #include "pagoda/core/paged_kv.h"
 #include "pagoda/disagg/peer_auth.h"
@@ -34,6 +35,11 @@ std::vector<uint8_t> read_frame(Socket& socket, MessageType expected, Deadline d
 }  // namespace
 
 KvFormat local_kv_format(Model& model) {
+  // Pages carry the codes, their metadata and the V tail; fp8 keys and sink tokens live elsewhere.
+  if (model.kv_quant() == KvQuant::kInt2 && (model.kv_key_quant() != KvQuant::kInt2 || model.kv_sink_tokens() != 0))
+    fail(ErrorKind::kUnsupported,
+         "int2 KV with fp8 keys or sink tokens does not travel between servers; give both roles --kv-key-dtype int2 "
+         "--kv-sink-tokens 0");
   const ModelConfig& c = model.config();
   const int64_t shape[] = {c.vocab_size, c.hidden_size, c.num_layers, c.num_q_heads, c.num_kv_heads, c.head_dim,
                            c.intermediate_size};

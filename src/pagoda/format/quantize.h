@@ -16,7 +16,7 @@ namespace pagoda {
 // q5_k, q6_k.
 bool can_quantize(GgmlType type);
 
-// Writes n values (a multiple of the type's block size) as n / block_size blocks to dst
+// Writes n finite values (a multiple of the type's block size) as n / block_size blocks to dst
 // (n / block_size * block_bytes bytes). Throws Error(kUnsupported) for a type it cannot write and
 // kInvalidArgument when n is not a multiple of the block size.
 void quantize_row(GgmlType type, const float* src, void* dst, int64_t n);

@@ -119,8 +119,10 @@ GgufExportResult write_tensors(GgufWriter& writer, const std::vector<ExportTenso
         for (int64_t r = 0; r < count; ++r) {
           float* row = values.data() + r * t.cols();
           read_row(t, first + r, row, scratch);
-          for (int64_t c = 0; c < t.cols(); ++c) finite = finite && std::isfinite(row[c]);
-          quantize_row(types[i], row, out.data() + size_t(r) * out_row_bytes, t.cols());
+          bool row_finite = true;
+          for (int64_t c = 0; c < t.cols(); ++c) row_finite = row_finite && std::isfinite(row[c]);
+          finite = finite && row_finite;
+          if (row_finite) quantize_row(types[i], row, out.data() + size_t(r) * out_row_bytes, t.cols());
         }
       }
       if (!finite) fail(ErrorKind::kCorrupt, "tensor '{}' holds a value that is not finite", t.name);

@@ -37,6 +37,8 @@ class Model final : public StepModel {
   KvQuant kv_quant() const { return kv_quant_; }
   int32_t kv_partition() const { return kv_partition_; }
   bool kv_hadamard() const { return kv_hadamard_; }
+  KvQuant kv_key_quant() const { return kv_key_quant_; }
+  int32_t kv_sink_tokens() const { return kv_sink_tokens_; }
   // Bytes of weights in backend memory: what one decode step must read (the embedding table once,
   // as lm_head, when tied).
   size_t weight_bytes() const;
