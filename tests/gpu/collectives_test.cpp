@@ -326,9 +326,9 @@ TEST_F(MultiGpu, AllReduceChoosesEitherPath) { check_all_reduce(world(), Path::k
 // here, so its result is the host's to the bit; NCCL's order differs, so it is held to a tolerance.
 TEST_F(MultiGpu, AllReduceOfRandomValues) {
   const int n_ranks = world();
-  auto clique = std::make_shared<GpuClique>(first_gpus(n_ranks));
   const size_t n = 8192;
   for (DType dtype : kDtypes) {
+    auto clique = std::make_shared<GpuClique>(first_gpus(n_ranks));  // one communicator per rank each
     std::vector<std::vector<float>> inputs(n_ranks, std::vector<float>(n));
     std::mt19937 rng(7);
     std::normal_distribution<float> normal;

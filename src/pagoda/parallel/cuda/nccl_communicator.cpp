@@ -121,6 +121,11 @@ void GpuClique::check() const {
 
 void GpuClique::join(int rank, Clock::time_point deadline) {
   std::unique_lock lock(state_mutex_);
+  // NCCL's unique id starts one communicator per rank: a second would wait on a clique that has
+  // moved on, and fail after NCCL's own timeout with a reason that names the network.
+  if (ranks_[rank]->joined)
+    fail(ErrorKind::kInvalidArgument, "rank {} joined these GPU collectives already: a clique makes one communicator per rank",
+         rank);
   ranks_[rank]->joined = true;
   ++joined_;
   joined_cv_.notify_all();
