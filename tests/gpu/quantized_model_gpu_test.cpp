@@ -34,28 +34,6 @@ constexpr int32_t kNumBlocks = 64, kBlockSize = 16;
 constexpr size_t kTokens = 32;
 constexpr double kNearTie = 5e-3;
 
-int32_t argmax(std::span<const float> v) { return int32_t(std::max_element(v.begin(), v.end()) - v.begin()); }
-
-// The greedy continuation of `prompt` (prefilled at once, then decoded token by token).
-std::vector<int32_t> greedy(Model& model, const std::vector<int32_t>& prompt, size_t tokens) {
-  kv::BlockPool pool(kNumBlocks, kBlockSize);
-  kv::BlockTable table;
-  std::vector<int32_t> ids = prompt, out;
-  size_t done = 0;
-  while (out.size() < tokens) {
-    const size_t n = ids.size() - done;
-    kv::append_tokens(table, int32_t(n), pool);
-    const SequenceChunk c{.tokens = std::span(ids).subspan(done, n),
-                          .start_pos = int32_t(done),
-                          .block_ids = table.block_ids,
-                          .want_logits = true};
-    const int32_t next = argmax(model.forward({&c, 1}));
-    done = ids.size();
-    ids.push_back(next);
-    out.push_back(next);
-  }
-  return out;
-}
 
 using GpuQuantizedModel = cuda::GpuTest;
 
@@ -95,9 +73,9 @@ TEST_F(GpuQuantizedModel, SmolLM2GreedyMatchesTheCpuPathsOrPartsAtANearTie) {
     const auto prompt = p.at("token_ids").get<std::vector<int32_t>>();
     const auto transformers = p.at("greedy_ids").get<std::vector<int32_t>>();
     ASSERT_GE(transformers.size(), kTokens) << name;
-    const std::vector<int32_t> got = greedy(gpu, prompt, kTokens);
+    const std::vector<int32_t> got = testing::greedy(gpu, prompt, kTokens, kNumBlocks, kBlockSize);
     check_parting(name, "transformers' (f32)", prompt, got, transformers);
-    check_parting(name, "the CPU's quantized path", prompt, got, greedy(cpu, prompt, kTokens));
+    check_parting(name, "the CPU's quantized path", prompt, got, testing::greedy(cpu, prompt, kTokens, kNumBlocks, kBlockSize));
     ++prompts;
   }
   EXPECT_GE(prompts, 4);

@@ -48,6 +48,33 @@ inline std::vector<std::vector<float>> run_chunks(StepModel& model, const std::v
   return out;
 }
 
+inline int32_t argmax(std::span<const float> v) {
+  return int32_t(std::max_element(v.begin(), v.end()) - v.begin());
+}
+
+// The greedy continuation of `prompt`, `tokens` long: prefilled at once, then decoded token by
+// token on a fresh paged sequence. The model's KV cache must hold num_blocks blocks of block_size.
+inline std::vector<int32_t> greedy(Model& model, const std::vector<int32_t>& prompt, size_t tokens,
+                                   int32_t num_blocks, int32_t block_size) {
+  kv::BlockPool pool(num_blocks, block_size);
+  kv::BlockTable table;
+  std::vector<int32_t> ids = prompt, out;
+  size_t done = 0;
+  while (out.size() < tokens) {
+    const size_t n = ids.size() - done;
+    kv::append_tokens(table, int32_t(n), pool);
+    const SequenceChunk c{.tokens = std::span(ids).subspan(done, n),
+                          .start_pos = int32_t(done),
+                          .block_ids = table.block_ids,
+                          .want_logits = true};
+    const int32_t next = argmax(model.forward({&c, 1}));
+    done = ids.size();
+    ids.push_back(next);
+    out.push_back(next);
+  }
+  return out;
+}
+
 // max |a - b| over max(b) - min(b): tolerances are fractions of the reference's logit range.
 inline double relative_max_diff(std::span<const float> a, std::span<const float> b) {
   double diff = 0;

@@ -33,28 +33,6 @@ constexpr size_t kTokens = 32;
 // fall either way under any change of arithmetic).
 constexpr double kNearTie = 5e-3;
 
-int32_t argmax(std::span<const float> v) { return int32_t(std::max_element(v.begin(), v.end()) - v.begin()); }
-
-// The greedy continuation of `prompt` (prefilled at once, then decoded token by token).
-std::vector<int32_t> greedy(Model& model, const std::vector<int32_t>& prompt, size_t tokens) {
-  kv::BlockPool pool(kNumBlocks, kBlockSize);
-  kv::BlockTable table;
-  std::vector<int32_t> ids = prompt, out;
-  size_t done = 0;
-  while (out.size() < tokens) {
-    const size_t n = ids.size() - done;
-    kv::append_tokens(table, int32_t(n), pool);
-    const SequenceChunk c{.tokens = std::span(ids).subspan(done, n),
-                          .start_pos = int32_t(done),
-                          .block_ids = table.block_ids,
-                          .want_logits = true};
-    const int32_t next = argmax(model.forward({&c, 1}));
-    done = ids.size();
-    ids.push_back(next);
-    out.push_back(next);
-  }
-  return out;
-}
 
 TEST(QuantizedModel, GreedyMatchesF32PathOrPartsAtANearTie) {
   std::ifstream in(kFixtures + "smollm2_golden.json");
@@ -72,7 +50,7 @@ TEST(QuantizedModel, GreedyMatchesF32PathOrPartsAtANearTie) {
     const auto prompt = p.at("token_ids").get<std::vector<int32_t>>();
     const auto want = p.at("greedy_ids").get<std::vector<int32_t>>();
     ASSERT_GE(want.size(), kTokens) << name;
-    const std::vector<int32_t> got = greedy(quantized, prompt, kTokens);
+    const std::vector<int32_t> got = testing::greedy(quantized, prompt, kTokens, kNumBlocks, kBlockSize);
     size_t same = 0;
     while (same < kTokens && got[same] == want[same]) ++same;
     std::printf("  %-12s %zu of %zu greedy tokens equal the f32 path's\n", name.c_str(), same, kTokens);
@@ -89,7 +67,7 @@ TEST(QuantizedModel, GreedyMatchesF32PathOrPartsAtANearTie) {
         testing::run_chunks(*f32, prefix, prefix.size(), kNumBlocks, kBlockSize).back();
     const std::vector<float> quantized_logits =
         testing::run_chunks(quantized, prefix, prefix.size(), kNumBlocks, kBlockSize).back();
-    ASSERT_EQ(argmax(logits), want[same]) << name;  // the f32 model agrees with transformers there
+    ASSERT_EQ(testing::argmax(logits), want[same]) << name;  // the f32 model agrees with transformers there
     const auto [lo, hi] = std::minmax_element(logits.begin(), logits.end());
     const double gap = (double(logits[size_t(want[same])]) - logits[size_t(got[same])]) / double(*hi - *lo);
     std::printf("  %-12s parts at token %zu: f32 logits of the two tokens %.2e of the range apart; the 8-bit "
