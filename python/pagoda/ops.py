@@ -90,7 +90,26 @@ class _DLPackView:
         return self._device
 
 
-class PagedKVCache:
+class _BlockPool:
+    """What both caches forward to their pool: the shape, and the block allocator."""
+
+    num_blocks = property(lambda self: self._pool.num_blocks)
+    block_size = property(lambda self: self._pool.block_size)
+    num_kv_heads = property(lambda self: self._pool.num_kv_heads)
+    head_dim = property(lambda self: self._pool.head_dim)
+    dtype = property(lambda self: self._pool.dtype)
+    device = property(lambda self: self._pool.device)
+    num_free_blocks = property(lambda self: self._pool.num_free_blocks)
+
+    def allocate(self, num_tokens: int) -> list:
+        """A block table for num_tokens tokens: free block ids (MemoryError when too few are free)."""
+        return self._pool.allocate(num_tokens)
+
+    def free(self, block_ids: Sequence[int]) -> None:
+        self._pool.free(_table(block_ids))
+
+
+class PagedKVCache(_BlockPool):
     """One layer's paged K and V pools, HND ([num_blocks, num_kv_heads, block_size, head_dim], the
     default) or NHD ([num_blocks, block_size, num_kv_heads, head_dim]), with a block allocator.
 
@@ -126,21 +145,7 @@ class PagedKVCache:
             return self._pool.k_numpy if i == 0 else self._pool.v_numpy
         return _DLPackView(lambda: self._pool.k if i == 0 else self._pool.v, self._pool.device)
 
-    num_blocks = property(lambda self: self._pool.num_blocks)
-    block_size = property(lambda self: self._pool.block_size)
-    num_kv_heads = property(lambda self: self._pool.num_kv_heads)
-    head_dim = property(lambda self: self._pool.head_dim)
-    dtype = property(lambda self: self._pool.dtype)
-    device = property(lambda self: self._pool.device)
     layout = property(lambda self: self._pool.layout)
-    num_free_blocks = property(lambda self: self._pool.num_free_blocks)
-
-    def allocate(self, num_tokens: int) -> list:
-        """A block table for num_tokens tokens: free block ids (MemoryError when too few are free)."""
-        return self._pool.allocate(num_tokens)
-
-    def free(self, block_ids: Sequence[int]) -> None:
-        self._pool.free(_table(block_ids))
 
     def append(self, k, v, block_table: Sequence[int], start: int = 0, stream: Optional[int] = None) -> None:
         """Writes k and v ([n, num_kv_heads, head_dim], the pool's dtype and device) as tokens
@@ -148,7 +153,7 @@ class PagedKVCache:
         self._pool.append(k, v, _table(block_table), start, _stream(stream))
 
 
-class QuantizedPagedKVCache:
+class QuantizedPagedKVCache(_BlockPool):
     """One layer's paged K and V stored as int2 or fp8 (docs/kv-quantization.md), with a block
     allocator. append() quantizes rows with the engine's own quantizer: the codes are those
     `pagoda --kv-cache-dtype int2|fp8 --kv-partition P` stores for layer 0 and this seed. Rows (and
@@ -169,22 +174,9 @@ class QuantizedPagedKVCache:
         self._pool = _ops.QuantizedKvPool(num_blocks, block_size, num_kv_heads, head_dim, kv_cache_dtype, partition,
                                           seed, device, dtype)
 
-    num_blocks = property(lambda self: self._pool.num_blocks)
-    block_size = property(lambda self: self._pool.block_size)
-    num_kv_heads = property(lambda self: self._pool.num_kv_heads)
-    head_dim = property(lambda self: self._pool.head_dim)
     kv_cache_dtype = property(lambda self: self._pool.kv_cache_dtype)
     partition = property(lambda self: self._pool.partition)
     seed = property(lambda self: self._pool.seed)
-    device = property(lambda self: self._pool.device)
-    dtype = property(lambda self: self._pool.dtype)
-    num_free_blocks = property(lambda self: self._pool.num_free_blocks)
-
-    def allocate(self, num_tokens: int) -> list:
-        return self._pool.allocate(num_tokens)
-
-    def free(self, block_ids: Sequence[int]) -> None:
-        self._pool.free(_table(block_ids))
 
     def append(self, k, v, block_table: Sequence[int], start: int = 0, stream: Optional[int] = None) -> None:
         """Quantizes k and v ([n, num_kv_heads, head_dim] of the pool's dtype and device) into tokens
