@@ -41,6 +41,13 @@ TEST(Cli, GenerateStreamsTextAndReportsSpeed) {
 }
 
 // A beam search prints its best hypotheses, best first, at the end; its flags are checked.
+// KV pages carry int2 codes, metadata and the V tail; the default int2's fp8 keys and f16 sink
+// tokens live elsewhere, so a disaggregated server refuses them at start-up.
+TEST(Cli, DisaggregatedInt2NeedsThePapersFormat) {
+  expect_error("serve --role prefill --kv-cache-dtype int2 --peer-key 0123456789abcdef01 --port 0 --peer-port 0",
+               "int2 KV with fp8 keys or sink tokens does not travel between servers");
+}
+
 TEST(Cli, GenerateBeamSearch) {
   const Result r = run("generate -p 'The capital of France is' -n 8 --beam-width 4 --num-return 2");
   ASSERT_EQ(r.exit_code, 0) << r.output;
